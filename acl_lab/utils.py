@@ -1,0 +1,65 @@
+"""Small runtime helpers: one ``set_seed``, automatic device choice, mixed-precision policy."""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+
+import numpy as np
+import torch
+
+from .errors import bad_value
+
+DEVICES = ("auto", "cuda", "mps", "cpu")
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's ``random``, NumPy and torch (CPU and every CUDA device)."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    os.environ.setdefault("PYTHONHASHSEED", str(seed))
+
+
+def get_device(device: str = "auto") -> torch.device:
+    """Resolve ``"auto"`` to cuda, then mps, then cpu; check an explicit choice is available."""
+    if device not in DEVICES and not device.startswith("cuda:"):
+        raise bad_value("device", device, DEVICES, "use 'auto' to pick cuda > mps > cpu automatically.")
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise bad_value("device", device, "'auto' or 'cpu' on this machine", "no CUDA device is visible; use --device auto.")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise bad_value("device", device, "'auto' or 'cpu' on this machine", "MPS is not available; use --device auto.")
+    return torch.device(device)
+
+
+def amp_dtype(device: torch.device, amp: str = "auto") -> torch.dtype | None:
+    """The autocast dtype to train with, or None for full precision.
+
+    Mixed precision is used only on CUDA: bf16 where the GPU supports it, else fp16
+    (which then needs a GradScaler). CPU and MPS train in float32.
+    """
+    if amp not in ("auto", "off", "bf16", "fp16"):
+        raise bad_value("amp", amp, ("auto", "off", "bf16", "fp16"), "use 'auto' (mixed precision on CUDA only).")
+    if device.type != "cuda" or amp == "off":
+        return None
+    if amp == "fp16":
+        return torch.float16
+    if amp == "bf16" or torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float16
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """An autocast context for ``dtype``, or a no-op context when ``dtype`` is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
