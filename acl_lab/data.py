@@ -35,6 +35,7 @@ from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from .assets import rt_corpus_path
 from .errors import AclLabError, bad_value
+from .hub import hub_unreachable_reason
 from .tasks import DEFAULT_TASK, TaskSpec, get_task
 
 SPLIT_SEED = 1234
@@ -124,6 +125,9 @@ def load_task(task: str, source: str = "auto", data_dir: str | None = None,
 def _load_hub(spec: TaskSpec) -> datasets.DatasetDict:
     """GLUE from the Hugging Face hub; any failure becomes an :class:`AclLabError` naming the offline options."""
     try:
+        reason = hub_unreachable_reason()
+        if reason:
+            raise ConnectionError(reason)
         raw = datasets.load_dataset(HUB_DATASET, spec.hub_name)
     except Exception as exc:  # noqa: BLE001 - network, auth, cache and parsing errors all mean "hub failed"
         raise AclLabError(

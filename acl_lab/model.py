@@ -11,6 +11,7 @@ and the label embeddings, the rows of W^k (PAPER.md, "Notation").
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from .errors import AclLabError
+from .hub import hub_unreachable_reason
 
 OFFLINE_DEFAULT = "minilm-l6"
 TINY = "tiny"
@@ -35,6 +37,23 @@ class ExitOutputs:
     layers: list[int]  # 1-based encoder layer of each exit
     reps: list[torch.Tensor]  # [N, d] [CLS] representation per exit
     logits: list[torch.Tensor]  # [N, C] per exit
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence transformers' load report (e.g. MiniLM's unused pooler weights) while loading."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def load_backbone(name: str, seed: int = 0):
@@ -68,17 +87,21 @@ def load_backbone(name: str, seed: int = 0):
             )
     elif "/" in name and (name.startswith((".", "/", "~")) or Path(name).suffix):
         raise AclLabError(f"Model folder {name!r} does not exist. Fix: check the path, or use --model {OFFLINE_DEFAULT}.")
+    ref = str(path) if path.is_dir() else name
+    # offline: a hub id can still load from the local Hugging Face cache, without minutes of retries
+    local_only = not path.is_dir() and hub_unreachable_reason() is not None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else name)
-        try:
-            encoder = AutoModel.from_pretrained(str(path) if path.is_dir() else name, add_pooling_layer=False)
-        except TypeError:
-            encoder = AutoModel.from_pretrained(str(path) if path.is_dir() else name)
-    except AclLabError:
-        raise
+        with _quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(ref, local_files_only=local_only)
+            try:
+                encoder = AutoModel.from_pretrained(ref, add_pooling_layer=False, local_files_only=local_only)
+            except TypeError:
+                encoder = AutoModel.from_pretrained(ref, local_files_only=local_only)
     except Exception as exc:  # hub unreachable, unknown id, broken folder
+        why = f"the hub is unreachable: {hub_unreachable_reason()}, and it is not in the local cache" if local_only \
+            else f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         raise AclLabError(
-            f"Could not load model {name!r} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}). "
+            f"Could not load model {name!r} ({why}). "
             f"Known short names: {', '.join(KNOWN_SHORT_NAMES)}. Fix: use --model {OFFLINE_DEFAULT} (offline, "
             "pretrained MiniLM-L6), a local Hugging Face folder, or a hub id such as bert-base-uncased with internet access."
         ) from None

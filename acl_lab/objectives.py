@@ -58,6 +58,9 @@ def compute_losses(model: MultiExitClassifier, out: ExitOutputs, labels: torch.T
     """CE and auxiliary losses of ``cfg.objective`` for one batch."""
     obj = cfg.objective
     tau = cfg.temperature
+    if cfg.multi_exit != model.multi_exit:
+        raise bad_value("objective", obj, "a multi-exit objective (me-*) with a multi-exit model, a single-exit one "
+                        "otherwise", f"build the model with multi_exit={cfg.multi_exit} or pick a matching objective.")
     if not cfg.multi_exit:
         ce = classification_loss(out.logits[-1], labels, regression)
         parts = {"ce": ce.item()}

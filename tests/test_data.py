@@ -225,6 +225,7 @@ def test_hub_failure_is_wrapped(monkeypatch):
 
 def test_hub_layout_is_mapped(monkeypatch):
     """The hub path renames GLUE's columns without touching the network (load_dataset is faked)."""
+    monkeypatch.setattr("acl_lab.data.hub_unreachable_reason", lambda: None)
     feats = datasets.Features({"premise": datasets.Value("string"), "hypothesis": datasets.Value("string"),
                                "label": datasets.ClassLabel(names=["entailment", "neutral", "contradiction"]),
                                "idx": datasets.Value("int32")})

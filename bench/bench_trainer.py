@@ -1,0 +1,363 @@
+"""Benchmark: acl_lab's trainer against Hugging Face ``transformers.Trainer``, and early-exit speed-ups.
+
+Commands (from the repository root)::
+
+    .venv/bin/python bench/bench_trainer.py            # full run (about 25 min on 2 CPU cores)
+    .venv/bin/python bench/bench_trainer.py --quick    # sanity run (a few minutes)
+
+Writes ``--json`` (default ``bench/results/trainer.json``) and the printed report
+as ``--txt`` (default: the JSON path with ``.txt``). ``--skip-throughput`` /
+``--skip-early-exit`` run one part only.
+
+(a) Training throughput, objective ``ce``. Both sides fine-tune the pretrained
+MiniLM-L6 (``acl_lab.assets.model_dir()``) on the same rt-polarity train subset
+(``--train-samples``, default 2000, tokenized once by ``acl_lab.data.tokenize``
+with max length 64, no padding), batch 32, dynamic padding
+(``DataCollatorWithPadding`` on both sides), lr 5e-5, weight decay 0.01, linear
+schedule with 10% warm-up, gradient clipping at 1.0, float32 on CPU, no
+evaluation and no checkpoint saving during training, ``--warm-steps`` +
+``--steps`` optimizer steps per run (defaults 5 + 30).
+
+* acl_lab: the real ``acl_lab.trainer.train()`` with ``eval_every`` > max_steps.
+  ``acl_lab.trainer._train_step`` is wrapped (here, in this process) to record
+  ``time.perf_counter()`` when each step returns; nothing else changes.
+  Model: ``MultiExitClassifier`` (BertModel without pooler + dropout + linear on [CLS]).
+* HF: ``transformers.Trainer`` with its defaults otherwise (``optim`` default,
+  which is fused AdamW for torch >= 2.8; ``dataloader_num_workers=0`` as acl_lab),
+  on ``BertForSequenceClassification`` (pooler + dropout + linear), eval and save
+  strategies "no", logging "no", ``report_to="none"``. A ``TrainerCallback``
+  records ``time.perf_counter()`` at ``on_step_end``.
+
+Timed on both sides: the wall-clock from the end of warm-up step W to the end of
+step W + N, i.e. N complete steps each with batch fetching and collation,
+forward, backward, clipping, optimizer step, scheduler step and the trainer's
+own per-step bookkeeping (acl_lab: its history.jsonl line; HF: its callbacks and
+loss tracking). Not timed: model loading, tokenization, the trainer's set-up,
+the W warm-up steps, and acl_lab's final evaluation / representation dump
+after training. Runs alternate acl_lab, HF, acl_lab, HF... (``--repeats``); the
+report gives the median samples/s of each side and the ratio acl_lab / HF
+(target >= 1.0). Each run's whole-run figure (acl_lab ``train_seconds``, HF
+``train_runtime``) is kept in the JSON for reference. A micro-benchmark of
+the optimizer step alone (acl_lab's AdamW vs fused AdamW on the same
+parameters) is printed too, to explain a gap if there is one.
+
+(b) Early exit. ``train()`` of ``me-ce`` and ``me-acl-cl`` (defaults: 300 steps,
+2000 train samples, seed 0, dev eval every epoch for the best checkpoint),
+then the best checkpoint (``load_trained``) is swept with
+``acl_lab.early_exit.sweep`` (criterion entropy, thresholds ``--thresholds``)
+on the full rt-polarity dev split, batch size 64. ``sweep`` itself times the
+full model and each threshold as best-of-``repeats`` passes; the sweep is called
+``--sweeps`` times and the wall-clock speed-up of each threshold is the median
+over those calls (accuracy and exit layers are deterministic). Reported per
+model: full-model accuracy, per threshold accuracy, mean exit layer, layer
+speed-up (6 / mean layer) and wall-clock speed-up, and the best wall-clock
+speed-up with at most 0.01 accuracy lost (target >= 2x).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from acl_lab import trainer as trainer_mod  # noqa: E402
+from acl_lab.assets import model_dir  # noqa: E402
+from acl_lab.checkpoint import load_trained  # noqa: E402
+from acl_lab.config import TrainConfig  # noqa: E402
+from acl_lab.data import load_task, make_loader, tokenize  # noqa: E402
+from acl_lab.early_exit import sweep  # noqa: E402
+from acl_lab.tasks import get_task  # noqa: E402
+
+TASK = "rt-polarity"
+MODEL = "minilm-l6"
+BATCH = 32
+MAX_LEN = 64
+LR, WD, WARMUP, CLIP = 5e-5, 0.01, 0.1, 1.0
+EVAL_BATCH = 64
+DROP_TOLERANCE = 0.01
+
+
+class Report:
+    """Print lines and keep them for the .txt copy."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+
+def _load_avg() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
+# ---------------------------------------------------------------------------
+# (a) throughput
+# ---------------------------------------------------------------------------
+
+def run_acl_lab(args, work: Path, tag: str) -> dict:
+    total = args.warm_steps + args.steps
+    cfg = TrainConfig(task=TASK, model=MODEL, objective="ce", seed=args.seed, batch_size=BATCH, max_length=MAX_LEN,
+                      lr=LR, weight_decay=WD, warmup_ratio=WARMUP, max_grad_norm=CLIP,
+                      max_train_samples=args.train_samples, max_steps=total, eval_every=total + 1,
+                      save_checkpoints=False, max_eval_samples=64, output_dir=str(work / f"acl-ce-{tag}"))
+    stamps: list[float] = []
+    original = trainer_mod._train_step
+
+    def timed_step(*a, **kw):
+        row = original(*a, **kw)
+        stamps.append(time.perf_counter())
+        return row
+
+    trainer_mod._train_step = timed_step
+    try:
+        result = trainer_mod.train(cfg, overwrite=True, progress=False)
+    finally:
+        trainer_mod._train_step = original
+    shutil.rmtree(work / f"acl-ce-{tag}", ignore_errors=True)
+    w, n = args.warm_steps, args.steps
+    steady = stamps[w + n - 1] - stamps[w - 1]
+    return {"side": "acl_lab", "steady_seconds": steady, "samples_per_s": n * BATCH / steady,
+            "whole_run_seconds": result.metrics["train_seconds"], "steps": len(stamps)}
+
+
+def run_hf(args, enc_train, tokenizer, work: Path, tag: str) -> dict:
+    from transformers import (BertForSequenceClassification, DataCollatorWithPadding, Trainer, TrainerCallback,
+                              TrainingArguments)
+
+    total = args.warm_steps + args.steps
+    stamps: list[float] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, targs, state, control, **kw):
+            stamps.append(time.perf_counter())
+
+    torch.manual_seed(args.seed)
+    model = BertForSequenceClassification.from_pretrained(str(model_dir()), num_labels=2)
+    targs = TrainingArguments(
+        output_dir=str(work / f"hf-{tag}"), per_device_train_batch_size=BATCH, max_steps=total,
+        learning_rate=LR, weight_decay=WD, warmup_steps=WARMUP, lr_scheduler_type="linear", max_grad_norm=CLIP,
+        eval_strategy="no", save_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
+        use_cpu=True, dataloader_num_workers=0, dataloader_pin_memory=False, seed=args.seed,
+    )
+    trainer = Trainer(model=model, args=targs, train_dataset=enc_train, processing_class=tokenizer,
+                      data_collator=DataCollatorWithPadding(tokenizer), callbacks=[Stamp()])
+    out = trainer.train()
+    shutil.rmtree(work / f"hf-{tag}", ignore_errors=True)
+    w, n = args.warm_steps, args.steps
+    steady = stamps[w + n - 1] - stamps[w - 1]
+    return {"side": "hf", "steady_seconds": steady, "samples_per_s": n * BATCH / steady,
+            "whole_run_seconds": out.metrics.get("train_runtime"), "steps": len(stamps), "optim": str(targs.optim)}
+
+
+def optimizer_micro(args) -> dict:
+    """Time one optimizer step alone: acl_lab's AdamW (``trainer._optimizer``) vs fused AdamW, same parameters."""
+    from acl_lab.model import build_model
+
+    model, _ = build_model(MODEL, 2)
+    cfg = TrainConfig(objective="ce")
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    opts = {"acl_lab AdamW": trainer_mod._optimizer(model, cfg),
+            "fused AdamW": torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=True)}
+    res = {}
+    for name, opt in opts.items():
+        opt.step()  # allocate state
+    times = {name: [] for name in opts}
+    for _ in range(args.opt_reps):
+        for name, opt in opts.items():
+            t0 = time.perf_counter()
+            opt.step()
+            times[name].append(time.perf_counter() - t0)
+    for name, ts in times.items():
+        res[name] = 1000 * statistics.median(ts)
+    defaults = opts["acl_lab AdamW"].defaults
+    res["acl_lab_flags"] = {k: defaults.get(k) for k in ("foreach", "fused")}
+    return res
+
+
+def throughput(args, say: Report, work: Path) -> dict:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir()))
+    data = load_task(TASK, max_train_samples=args.train_samples, seed=args.seed, max_eval_samples=64)
+    enc = tokenize(data, tok, MAX_LEN)
+    runs = []
+    for r in range(args.repeats):
+        for side in (("acl_lab", "hf") if r % 2 == 0 else ("hf", "acl_lab")):
+            load = _load_avg()
+            res = run_acl_lab(args, work, str(r)) if side == "acl_lab" else run_hf(args, enc["train"], tok, work, str(r))
+            res["repeat"], res["load_avg_before"] = r, load
+            runs.append(res)
+            say(f"  repeat {r + 1}/{args.repeats} {side:<8} {res['samples_per_s']:7.1f} samples/s "
+                f"({args.steps} steps in {res['steady_seconds']:.1f}s; whole run {res['whole_run_seconds']:.1f}s; "
+                f"load avg before {load})")
+    acl = [r["samples_per_s"] for r in runs if r["side"] == "acl_lab"]
+    hf = [r["samples_per_s"] for r in runs if r["side"] == "hf"]
+    paired = [a / h for a, h in zip(acl, hf)]
+    opt = optimizer_micro(args)
+    return {"runs": runs, "acl_lab_samples_per_s": statistics.median(acl), "hf_samples_per_s": statistics.median(hf),
+            "ratio": statistics.median(acl) / statistics.median(hf), "paired_ratios": paired,
+            "optimizer_step_ms": opt}
+
+
+# ---------------------------------------------------------------------------
+# (b) early exit
+# ---------------------------------------------------------------------------
+
+def early_exit(args, say: Report, work: Path) -> dict:
+    task = get_task(TASK)
+    device = torch.device("cpu")
+    out = {}
+    for objective in ("me-ce", "me-acl-cl"):
+        cfg = TrainConfig(task=TASK, model=MODEL, objective=objective, seed=args.seed, batch_size=BATCH,
+                          max_length=MAX_LEN, max_train_samples=args.ee_train_samples, max_steps=args.ee_steps,
+                          max_eval_samples=args.ee_eval_samples, save_checkpoints=False,
+                          output_dir=str(work / objective))
+        t0 = time.perf_counter()
+        result = trainer_mod.train(cfg, overwrite=True, progress=False)
+        train_wall = time.perf_counter() - t0
+        model, tok, _ = load_trained(result.paths["best"], device="cpu")
+        data = load_task(TASK, max_train_samples=64, max_eval_samples=args.ee_eval_samples, seed=args.seed)
+        enc = tokenize(data, tok, MAX_LEN)
+        loader = make_loader(enc["dev"], tok, EVAL_BATCH, shuffle=False)
+        calls = []
+        for _ in range(args.sweeps):
+            calls.append(sweep(model, loader, task, "entropy", args.thresholds, device, repeats=args.sweep_repeats))
+        rows = []
+        for i, thr in enumerate(args.thresholds):
+            row = dict(calls[0][i])
+            row["wall_speedup_each_call"] = [c[i]["wall_speedup"] for c in calls]
+            row["wall_speedup"] = statistics.median(row["wall_speedup_each_call"])
+            row["seconds"] = statistics.median(c[i]["seconds"] for c in calls)
+            row["full_seconds"] = statistics.median(c[i]["full_seconds"] for c in calls)
+            rows.append(row)
+        full_acc = rows[0]["full_accuracy"]
+        ok = [r for r in rows if r["quality_drop"] <= DROP_TOLERANCE + 1e-9]
+        best = max(ok, key=lambda r: r["wall_speedup"]) if ok else None
+        out[objective] = {
+            "train_steps": result.metrics["steps"], "best_step": result.metrics["best_step"],
+            "train_seconds": result.metrics["train_seconds"], "train_wall_seconds": train_wall,
+            "dev_per_exit_accuracy": [e.get("accuracy") for e in result.metrics.get("dev_per_exit", [])],
+            "dev_samples": len(enc["dev"]), "full_accuracy": full_acc, "rows": rows,
+            "best_within_1pt": None if best is None else {k: best[k] for k in (
+                "threshold", "accuracy", "quality_drop", "mean_exit_layer", "layer_speedup", "wall_speedup")},
+        }
+        say(f"\n  {objective}: trained {result.metrics['steps']} steps in {result.metrics['train_seconds']:.0f}s "
+            f"(best dev step {result.metrics['best_step']}); dev samples {len(enc['dev'])}")
+        say("  per-exit dev accuracy (layers 1-6): "
+            + " ".join(f"{a:.3f}" for a in out[objective]["dev_per_exit_accuracy"]))
+        say(f"  full model (6 layers) dev accuracy: {full_acc:.4f}; full pass {rows[0]['full_seconds']:.2f}s")
+        say(f"  {'entropy thr':>11} {'accuracy':>9} {'drop':>7} {'mean layer':>11} {'layer x':>8} {'wall x':>7}"
+            f"  wall x per sweep call")
+        for r in rows:
+            each = ", ".join(f"{x:.2f}" for x in r["wall_speedup_each_call"])
+            say(f"  {r['threshold']:>11.2f} {r['accuracy']:>9.4f} {r['quality_drop']:>7.4f} {r['mean_exit_layer']:>11.2f}"
+                f" {r['layer_speedup']:>7.2f}x {r['wall_speedup']:>6.2f}x  [{each}]")
+        if best:
+            say(f"  best wall-clock speed-up with <= {DROP_TOLERANCE} accuracy lost: {best['wall_speedup']:.2f}x at "
+                f"threshold {best['threshold']} (accuracy {best['accuracy']:.4f}, mean layer "
+                f"{best['mean_exit_layer']:.2f}, layer speed-up {best['layer_speedup']:.2f}x) -> target >= 2x "
+                f"{'MET' if best['wall_speedup'] >= 2.0 else 'NOT MET'}")
+        else:
+            say(f"  no threshold loses <= {DROP_TOLERANCE} accuracy -> target >= 2x NOT MET")
+        shutil.rmtree(work / objective, ignore_errors=True)
+    return out
+
+
+# ---------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a fast sanity run")
+    p.add_argument("--json", default=str(REPO / "bench" / "results" / "trainer.json"))
+    p.add_argument("--txt", default=None, help="copy of the printed report (default: JSON path with .txt)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-samples", type=int, default=2000, help="(a) train subset")
+    p.add_argument("--warm-steps", type=int, default=None, help="(a) untimed steps per run (default 5; quick 2)")
+    p.add_argument("--steps", type=int, default=None, help="(a) timed steps per run (default 30; quick 4)")
+    p.add_argument("--repeats", type=int, default=None, help="(a) runs per side, alternating (default 3; quick 1)")
+    p.add_argument("--opt-reps", type=int, default=None, help="(a) optimizer micro-benchmark steps (default 20)")
+    p.add_argument("--ee-steps", type=int, default=None, help="(b) training steps per model (default 300; quick 20)")
+    p.add_argument("--ee-train-samples", type=int, default=None, help="(b) train subset (default 2000; quick 320)")
+    p.add_argument("--ee-eval-samples", type=int, default=None, help="(b) dev subset (default: all; quick 256)")
+    p.add_argument("--thresholds", type=float, nargs="+", default=None,
+                   help="(b) normalised-entropy thresholds (default 0.05 0.1 0.15 0.2 0.3 0.4 0.5 0.6)")
+    p.add_argument("--sweeps", type=int, default=None, help="(b) sweep() calls, median speed-up (default 3; quick 1)")
+    p.add_argument("--sweep-repeats", type=int, default=None, help="(b) sweep()'s repeats (default 2; quick 1)")
+    p.add_argument("--work-dir", default=None, help="where runs write (default: a temp folder, removed after)")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--skip-early-exit", action="store_true")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.warm_steps = args.warm_steps or (2 if q else 5)
+    args.steps = args.steps or (4 if q else 30)
+    args.repeats = args.repeats or (1 if q else 3)
+    args.opt_reps = args.opt_reps or (5 if q else 20)
+    args.ee_steps = args.ee_steps or (20 if q else 300)
+    args.ee_train_samples = args.ee_train_samples or (320 if q else 2000)
+    args.ee_eval_samples = args.ee_eval_samples or (256 if q else None)
+    args.thresholds = args.thresholds or ([0.1, 0.3, 0.5] if q else [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6])
+    args.sweeps = args.sweeps or (1 if q else 3)
+    args.sweep_repeats = args.sweep_repeats or (1 if q else 2)
+    json_path = Path(args.json)
+    txt_path = Path(args.txt) if args.txt else json_path.with_suffix(".txt")
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="acl_bench_trainer_"))
+
+    import transformers
+    transformers.logging.set_verbosity_error()
+
+    say = Report()
+    say(f"bench_trainer: model={MODEL} task={TASK} batch={BATCH} max_length={MAX_LEN} device=cpu "
+        f"threads={torch.get_num_threads()} torch={torch.__version__} transformers={transformers.__version__} "
+        f"quick={q} load avg={_load_avg()}")
+    out: dict = {"args": vars(args), "torch": torch.__version__, "transformers": transformers.__version__,
+                 "threads": torch.get_num_threads()}
+    if not args.skip_throughput:
+        say(f"\n(a) training throughput, objective ce: {args.train_samples} train samples, {args.warm_steps} warm-up "
+            f"+ {args.steps} timed steps per run, {args.repeats} run(s) per side, alternating")
+        tp = throughput(args, say, work)
+        out["throughput"] = tp
+        ratio = tp["ratio"]
+        say("")
+        say(f"  {'side':<10} {'samples/s (median)':>19}")
+        say(f"  {'acl_lab':<10} {tp['acl_lab_samples_per_s']:>19.1f}")
+        say(f"  {'HF Trainer':<10} {tp['hf_samples_per_s']:>19.1f}")
+        say(f"  ratio acl_lab / HF = {ratio:.3f} (paired per repeat: "
+            + ", ".join(f"{x:.3f}" for x in tp["paired_ratios"]) + f") -> target >= 1.0 "
+            f"{'MET' if ratio >= 1.0 else 'NOT MET'}")
+        o = tp["optimizer_step_ms"]
+        say(f"  optimizer step alone (median of {args.opt_reps}): acl_lab AdamW {o['acl_lab AdamW']:.1f} ms "
+            f"(flags {o['acl_lab_flags']}), fused AdamW {o['fused AdamW']:.1f} ms; HF optim = "
+            f"{tp['runs'][-1].get('optim', '?') if tp['runs'][-1]['side'] == 'hf' else tp['runs'][-2].get('optim')}")
+    if not args.skip_early_exit:
+        say(f"\n(b) early exit: train() of me-ce and me-acl-cl, {args.ee_steps} steps, {args.ee_train_samples} train "
+            f"samples; sweep(entropy) on dev, batch {EVAL_BATCH}, {args.sweeps} sweep call(s) x best of "
+            f"{args.sweep_repeats}")
+        out["early_exit"] = early_exit(args, say, work)
+    if not args.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(out, indent=2) + "\n")
+    txt_path.write_text("\n".join(say.lines) + "\n")
+    print(f"\nwrote {json_path} and {txt_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""The trainer on the tiny model: every objective learns a toy task, runs are reproducible and resumable."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from acl_lab import objectives
+from acl_lab.config import OBJECTIVES
+from acl_lab.errors import AclLabError
+from acl_lab.trainer import load_result, train
+
+
+def _mean(rows, key):
+    return sum(r[key] for r in rows) / len(rows)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_every_objective_runs_and_loss_falls(tiny_config, objective):
+    cfg = tiny_config.replace(objective=objective, max_steps=40, eval_every=20)
+    result = train(cfg, progress=False)
+    hist = result.history
+    assert len(hist) == 40 and [r["step"] for r in hist] == list(range(1, 41))
+    assert _mean(hist[-4:], "ce") < 0.7 * _mean(hist[:4], "ce")
+    m = json.loads(result.paths["metrics"].read_text())
+    assert m["task"] == "sst2" and m["objective"] == objective and m["seed"] == 0 and m["config"]["objective"] == objective
+    assert set(m["dev"]) == {"accuracy"}
+    assert len(m["dev_per_exit"]) == (4 if objective.startswith("me-") else 1)
+    assert m["dev_per_exit"][-1] == m["dev"]
+    assert m["dev"]["accuracy"] >= 0.8  # the toy task gives its label away
+    if objective == "acl":
+        assert all(0 <= r["angle"] <= 180 and isinstance(r["kept"], bool) for r in hist)
+        assert 0.0 <= m["gate"]["drop_rate"] <= 1.0
+    if objective == "me-acl-cl":
+        assert all(r["acl_cl"] > 0 for r in hist)
+    assert result.paths["best"].joinpath("model.safetensors").exists()
+    assert result.paths["representations"].exists()
+
+
+@pytest.mark.parametrize("scope", ["all", "top-layer", "head", "repr"])
+def test_acl_grad_on_multi_exit_with_every_scope(tiny_config, scope):
+    cfg = tiny_config.replace(objective="me-acl-cl", acl_grad=True, angle_scope=scope, max_steps=3, threshold=60.0)
+    result = train(cfg, progress=False)
+    assert all("angle" in r and r["kept"] == (r["angle"] <= 60.0) for r in result.history)
+
+
+def test_same_seed_same_metrics_and_angles(tiny_config, tmp_path):
+    cfg = tiny_config.replace(objective="acl")
+    a = train(cfg.replace(output_dir=str(tmp_path / "a")), progress=False)
+    b = train(cfg.replace(output_dir=str(tmp_path / "b")), progress=False)
+    assert a.metrics["dev"] == b.metrics["dev"]
+    keys = ("loss", "ce", "acl_embed", "cos", "angle", "kept", "lr")
+    assert [[r[k] for k in keys] for r in a.history] == [[r[k] for k in keys] for r in b.history]
+
+
+def test_grad_accumulation_matches_big_batch_when_gating_is_off(tiny_config, tmp_path):
+    big = train(tiny_config.replace(objective="acl-embed", batch_size=16, max_steps=2, output_dir=str(tmp_path / "big")),
+                progress=False)
+    acc = train(tiny_config.replace(objective="acl-embed", batch_size=8, grad_accum=2, max_steps=2,
+                                    output_dir=str(tmp_path / "acc")), progress=False)
+    # not identical (the contrastive loss sees 8 samples instead of 16) but both run and log one row per step
+    assert len(acc.history) == len(big.history) == 2
+
+
+def test_output_dir_policy(tiny_config):
+    first = train(tiny_config, progress=False)
+    with pytest.raises(AclLabError, match="different config.*lr"):
+        train(tiny_config.replace(lr=1e-4), progress=False)
+    with pytest.raises(AclLabError, match="already holds a run"):
+        train(tiny_config, progress=False)
+    again = train(tiny_config, resume=True, progress=False)  # finished: read back, no training
+    assert again.metrics == first.metrics == load_result(tiny_config.output_dir).metrics
+    redo = train(tiny_config.replace(lr=1e-4), overwrite=True, progress=False)
+    assert redo.config.lr == 1e-4
+
+
+def test_unwritable_output_dir(tiny_config, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(AclLabError, match="not writable"):
+        train(tiny_config.replace(output_dir=str(blocker / "run")), progress=False)
+
+
+def test_non_finite_loss_stops_with_checkpoint(tiny_config, monkeypatch):
+    real = objectives.compute_losses
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        parts = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 5:
+            parts.ce = parts.ce * float("nan")
+        return parts
+
+    monkeypatch.setattr("acl_lab.trainer.compute_losses", poisoned)
+    with pytest.raises(AclLabError, match="Non-finite loss.*last good state"):
+        train(tiny_config, progress=False)
+    state = json.loads((tiny_config_path := __import__("pathlib").Path(tiny_config.output_dir))
+                       .joinpath("checkpoints/last/trainer_state.json").read_text())
+    assert state["step"] == 4
+    assert tiny_config_path.joinpath("checkpoints/last/model.safetensors").exists()
+
+
+def _cli(cfg, *extra):
+    return [sys.executable, "-m", "acl_lab", "train", "--task", cfg.task, "--source", "local", "--data-dir",
+            cfg.data_dir, "--model", "tiny", "--objective", "acl", "--batch-size", "8", "--max-length", "16",
+            "--max-steps", "40", "--eval-every", "10", "--lr", "0.002", "--num-threads", "1", "--no-progress",
+            "--output-dir", *extra]
+
+
+def test_interrupted_then_resumed_equals_uninterrupted(tiny_config, tmp_path):
+    """A real SIGINT to a training subprocess, then --resume: same metrics and step log as a run never stopped."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    full = tmp_path / "full"
+    subprocess.run(_cli(tiny_config, str(full)), check=True, env=env, capture_output=True)
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(_cli(tiny_config, str(cut)), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    hist = cut / "history.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not hist.exists() or len(hist.read_text().splitlines()) < 5):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    state = json.loads((cut / "checkpoints/last/trainer_state.json").read_text())
+    assert 0 < state["step"] < 40, "the run should have been stopped part-way"
+    assert not (cut / "metrics.json").exists()
+    subprocess.run(_cli(tiny_config, str(cut), "--resume"), check=True, env=env, capture_output=True)
+    a = json.loads((full / "metrics.json").read_text())
+    b = json.loads((cut / "metrics.json").read_text())
+    assert a["dev"] == b["dev"] and a["dev_per_exit"] == b["dev_per_exit"] and a["steps"] == b["steps"] == 40
+    rows = lambda p: [(r["step"], r["loss"], r["angle"]) for r in map(json.loads, p.read_text().splitlines())
+                      if r.get("event") != "eval"]
+    assert rows(full / "history.jsonl") == rows(cut / "history.jsonl")
