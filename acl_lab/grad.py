@@ -88,6 +88,17 @@ def gradient_cosine(loss_a: Tensor, loss_b: Tensor, params: Iterable[Tensor]) ->
     return _cosine(_grads(loss_a, inputs, True), _grads(loss_b, inputs, True))
 
 
+def gradient_cosines(reference: Tensor, others: Sequence[Tensor], params: Iterable[Tensor]) -> list[float]:
+    """Cosines between the gradient of ``reference`` and that of each loss in ``others``.
+
+    Same conventions as :func:`gradient_cosine`, but the reference gradient is
+    computed once, so k probes cost k + 1 backward passes instead of 2k.
+    """
+    inputs = list(params)
+    g_ref = _grads(reference, inputs, True)
+    return [_cosine(g_ref, _grads(other, inputs, True)) for other in others]
+
+
 def angle_degrees(cos: float) -> float:
     """arccos(cos) in degrees, with ``cos`` clamped to [-1, 1]; NaN stays NaN."""
     if math.isnan(cos):

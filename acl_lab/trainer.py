@@ -33,7 +33,7 @@ from .config import RUNTIME_FIELDS, TrainConfig
 from .data import load_task, make_loader, tokenize
 from .errors import AclLabError
 from .evaluate import dump_representations, evaluate
-from .grad import ACLGrad, angle_degrees, gradient_cosine
+from .grad import ACLGrad, angle_degrees, gradient_cosines
 from .losses import acl_embed_loss, supcon_loss
 from .model import MultiExitClassifier, build_model
 from .objectives import compute_losses
@@ -179,8 +179,7 @@ def _probe_angles(model: MultiExitClassifier, out, labels: torch.Tensor, ce: tor
               "acl_embed": acl_embed_loss(rep, labels, model.label_embeddings(-1).float(),
                                           temperature=cfg.temperature, anchors=cfg.anchors)}
     row = {}
-    for name, loss in probes.items():
-        cos = gradient_cosine(ce, loss, params)
+    for name, cos in zip(probes, gradient_cosines(ce, list(probes.values()), params)):
         row[f"cos_{name}"] = cos
         row[f"angle_{name}"] = angle_degrees(cos)
     return row

@@ -2,11 +2,17 @@
 
 Commands (from the repository root)::
 
-    .venv/bin/python bench/bench_objectives.py            # full run (about 10-15 min on 2 CPU cores)
-    .venv/bin/python bench/bench_objectives.py --quick    # sanity run (about 1-2 min)
+    .venv/bin/python bench/bench_objectives.py            # full run (about 15 min on this 2-core machine)
+    .venv/bin/python bench/bench_objectives.py --quick    # sanity run (about 3 min)
 
 Writes ``--json`` (default ``bench/results/objectives.json``) and the printed
 report as ``--txt`` (default: the JSON path with ``.txt``).
+
+Threads: ``--threads`` (default 1) is applied with ``torch.set_num_threads``
+(and ``TrainConfig.num_threads`` in part 2). One thread because the machine is
+shared: with 2 threads on 2 cores, any other busy process makes the OpenMP
+threads wait on each other and a CE step goes from ~1.8 s to 3-9 s, erratically
+(measured). On an idle machine ``--threads 2`` is the faster setting.
 
 Part 1, step cost. On the real MiniLM-L6 (single exit, batch 32, max length 64,
 dynamic padding, CPU, float32) every variant -- ce, ce+scl, acl-embed, acl with
@@ -206,7 +212,8 @@ def agreement(args, say: Report) -> dict:
     cfg = TrainConfig(task=TASK, model=args.model, objective="acl", angle_scope="all", threshold=90.0, lam=0.1,
                       batch_size=args.batch_size, max_length=args.max_length, seed=args.seed,
                       max_steps=args.agree_steps, eval_every=args.agree_steps + 1, save_checkpoints=False,
-                      max_eval_samples=args.eval_samples, output_dir=str(work / "acl-agree"))
+                      max_eval_samples=args.eval_samples, output_dir=str(work / "acl-agree"),
+                      num_threads=args.threads)
     original = trainer_mod._make_gate
     trainer_mod._make_gate = make_gate
     try:
@@ -267,26 +274,29 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--batches", type=int, default=None, help="fixed batches per round (default 4; quick 2)")
-    p.add_argument("--rounds", type=int, default=None, help="timing rounds (default 8; quick 2)")
+    p.add_argument("--rounds", type=int, default=None, help="timing rounds (default 5; quick 2)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps per variant (default 3; quick 1)")
-    p.add_argument("--agree-steps", type=int, default=None, help="ACL fine-tuning steps (default 200; quick 8)")
+    p.add_argument("--agree-steps", type=int, default=None, help="ACL fine-tuning steps (default 120; quick 8)")
     p.add_argument("--eval-samples", type=int, default=256, help="dev/test samples for the final eval of the run")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; see the module docstring)")
     p.add_argument("--work-dir", default=None, help="where the agreement run writes (default: a temp folder)")
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--skip-agreement", action="store_true")
     args = p.parse_args(argv)
     q = args.quick
     args.batches = args.batches or (2 if q else 4)
-    args.rounds = args.rounds or (2 if q else 8)
+    args.rounds = args.rounds or (2 if q else 5)
     args.warmup = args.warmup if args.warmup is not None else (1 if q else 3)
-    args.agree_steps = args.agree_steps or (8 if q else 200)
+    args.agree_steps = args.agree_steps or (8 if q else 120)
+    torch.set_num_threads(args.threads)
     json_path = Path(args.json)
     txt_path = Path(args.txt) if args.txt else json_path.with_suffix(".txt")
 
     say = Report()
     say(f"bench_objectives: model={args.model} batch={args.batch_size} max_length={args.max_length} "
-        f"device=cpu threads={torch.get_num_threads()} torch={torch.__version__} quick={q}")
+        f"device=cpu threads={torch.get_num_threads()} torch={torch.__version__} quick={q} "
+        f"load avg={Path('/proc/loadavg').read_text().split()[0]}")
     out: dict = {"args": vars(args), "torch": torch.__version__, "threads": torch.get_num_threads()}
 
     if not args.skip_timing:

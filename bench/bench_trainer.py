@@ -2,12 +2,19 @@
 
 Commands (from the repository root)::
 
-    .venv/bin/python bench/bench_trainer.py            # full run (about 25 min on 2 CPU cores)
-    .venv/bin/python bench/bench_trainer.py --quick    # sanity run (a few minutes)
+    .venv/bin/python bench/bench_trainer.py            # full run (about 30 min on this 2-core machine)
+    .venv/bin/python bench/bench_trainer.py --quick    # sanity run (about 5 min)
 
 Writes ``--json`` (default ``bench/results/trainer.json``) and the printed report
 as ``--txt`` (default: the JSON path with ``.txt``). ``--skip-throughput`` /
 ``--skip-early-exit`` run one part only.
+
+Threads: ``--threads`` (default 1) is applied with ``torch.set_num_threads``
+(and ``TrainConfig.num_threads`` for acl_lab runs), so both trainers and the
+early-exit passes use the same. One thread because the machine is shared: with
+2 threads on 2 cores, any other busy process makes the OpenMP threads wait on
+each other and a step gets 3-5x slower, erratically (measured). On an idle
+machine ``--threads 2`` is the faster setting.
 
 (a) Training throughput, objective ``ce``. Both sides fine-tune the pretrained
 MiniLM-L6 (``acl_lab.assets.model_dir()``) on the same rt-polarity train subset
@@ -42,13 +49,15 @@ the optimizer step alone (acl_lab's AdamW vs fused AdamW on the same
 parameters) is printed too, to explain a gap if there is one.
 
 (b) Early exit. ``train()`` of ``me-ce`` and ``me-acl-cl`` (defaults: 300 steps,
-2000 train samples, seed 0, dev eval every epoch for the best checkpoint),
+2000 train samples, seed 0; dev evaluated every 100 steps on a fixed
+500-sample subset of dev (``--ee-select-samples``) to pick the best checkpoint),
 then the best checkpoint (``load_trained``) is swept with
 ``acl_lab.early_exit.sweep`` (criterion entropy, thresholds ``--thresholds``)
 on the full rt-polarity dev split, batch size 64. ``sweep`` itself times the
-full model and each threshold as best-of-``repeats`` passes; the sweep is called
-``--sweeps`` times and the wall-clock speed-up of each threshold is the median
-over those calls (accuracy and exit layers are deterministic). Reported per
+full model (once per call) and then each threshold as best-of-``repeats``
+(``--sweep-repeats``, default 1) passes over the split; the sweep is called
+``--sweeps`` (default 2) times and the wall-clock speed-up of each threshold is
+the median over those calls (accuracy and exit layers are deterministic). Reported per
 model: full-model accuracy, per threshold accuracy, mean exit layer, layer
 speed-up (6 / mean layer) and wall-clock speed-up, and the best wall-clock
 speed-up with at most 0.01 accuracy lost (target >= 2x).
@@ -114,7 +123,8 @@ def run_acl_lab(args, work: Path, tag: str) -> dict:
     cfg = TrainConfig(task=TASK, model=MODEL, objective="ce", seed=args.seed, batch_size=BATCH, max_length=MAX_LEN,
                       lr=LR, weight_decay=WD, warmup_ratio=WARMUP, max_grad_norm=CLIP,
                       max_train_samples=args.train_samples, max_steps=total, eval_every=total + 1,
-                      save_checkpoints=False, max_eval_samples=64, output_dir=str(work / f"acl-ce-{tag}"))
+                      save_checkpoints=False, max_eval_samples=64, output_dir=str(work / f"acl-ce-{tag}"),
+                      num_threads=args.threads)
     stamps: list[float] = []
     original = trainer_mod._train_step
 
@@ -212,7 +222,7 @@ def throughput(args, say: Report, work: Path) -> dict:
     opt = optimizer_micro(args)
     return {"runs": runs, "acl_lab_samples_per_s": statistics.median(acl), "hf_samples_per_s": statistics.median(hf),
             "ratio": statistics.median(acl) / statistics.median(hf), "paired_ratios": paired,
-            "optimizer_step_ms": opt}
+            "optimizer_step_ms": opt, "hf_optim": next(r["optim"] for r in runs if r["side"] == "hf")}
 
 
 # ---------------------------------------------------------------------------
@@ -226,8 +236,8 @@ def early_exit(args, say: Report, work: Path) -> dict:
     for objective in ("me-ce", "me-acl-cl"):
         cfg = TrainConfig(task=TASK, model=MODEL, objective=objective, seed=args.seed, batch_size=BATCH,
                           max_length=MAX_LEN, max_train_samples=args.ee_train_samples, max_steps=args.ee_steps,
-                          max_eval_samples=args.ee_eval_samples, save_checkpoints=False,
-                          output_dir=str(work / objective))
+                          max_eval_samples=args.ee_select_samples, eval_every=args.ee_eval_every,
+                          save_checkpoints=False, output_dir=str(work / objective), num_threads=args.threads)
         t0 = time.perf_counter()
         result = trainer_mod.train(cfg, overwrite=True, progress=False)
         train_wall = time.perf_counter() - t0
@@ -294,11 +304,15 @@ def main(argv=None) -> int:
     p.add_argument("--opt-reps", type=int, default=None, help="(a) optimizer micro-benchmark steps (default 20)")
     p.add_argument("--ee-steps", type=int, default=None, help="(b) training steps per model (default 300; quick 20)")
     p.add_argument("--ee-train-samples", type=int, default=None, help="(b) train subset (default 2000; quick 320)")
-    p.add_argument("--ee-eval-samples", type=int, default=None, help="(b) dev subset (default: all; quick 256)")
+    p.add_argument("--ee-eval-samples", type=int, default=None, help="(b) dev subset swept (default: all; quick 256)")
+    p.add_argument("--ee-select-samples", type=int, default=None,
+                   help="(b) dev subset for choosing the best checkpoint during training (default 500; quick 128)")
+    p.add_argument("--ee-eval-every", type=int, default=None, help="(b) steps between dev evals (default 100; quick 10)")
     p.add_argument("--thresholds", type=float, nargs="+", default=None,
-                   help="(b) normalised-entropy thresholds (default 0.05 0.1 0.15 0.2 0.3 0.4 0.5 0.6)")
-    p.add_argument("--sweeps", type=int, default=None, help="(b) sweep() calls, median speed-up (default 3; quick 1)")
-    p.add_argument("--sweep-repeats", type=int, default=None, help="(b) sweep()'s repeats (default 2; quick 1)")
+                   help="(b) normalised-entropy thresholds (default 0.05 0.1 0.2 0.3 0.45)")
+    p.add_argument("--sweeps", type=int, default=None, help="(b) sweep() calls, median speed-up (default 2; quick 1)")
+    p.add_argument("--sweep-repeats", type=int, default=None, help="(b) sweep()'s repeats (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; see the module docstring)")
     p.add_argument("--work-dir", default=None, help="where runs write (default: a temp folder, removed after)")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-early-exit", action="store_true")
@@ -311,9 +325,12 @@ def main(argv=None) -> int:
     args.ee_steps = args.ee_steps or (20 if q else 300)
     args.ee_train_samples = args.ee_train_samples or (320 if q else 2000)
     args.ee_eval_samples = args.ee_eval_samples or (256 if q else None)
-    args.thresholds = args.thresholds or ([0.1, 0.3, 0.5] if q else [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6])
-    args.sweeps = args.sweeps or (1 if q else 3)
-    args.sweep_repeats = args.sweep_repeats or (1 if q else 2)
+    args.ee_select_samples = args.ee_select_samples or (128 if q else 500)
+    args.ee_eval_every = args.ee_eval_every or (10 if q else 100)
+    args.thresholds = args.thresholds or ([0.1, 0.3, 0.5] if q else [0.05, 0.1, 0.2, 0.3, 0.45])
+    args.sweeps = args.sweeps or (1 if q else 2)
+    args.sweep_repeats = args.sweep_repeats or 1
+    torch.set_num_threads(args.threads)
     json_path = Path(args.json)
     txt_path = Path(args.txt) if args.txt else json_path.with_suffix(".txt")
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="acl_bench_trainer_"))
@@ -342,8 +359,7 @@ def main(argv=None) -> int:
             f"{'MET' if ratio >= 1.0 else 'NOT MET'}")
         o = tp["optimizer_step_ms"]
         say(f"  optimizer step alone (median of {args.opt_reps}): acl_lab AdamW {o['acl_lab AdamW']:.1f} ms "
-            f"(flags {o['acl_lab_flags']}), fused AdamW {o['fused AdamW']:.1f} ms; HF optim = "
-            f"{tp['runs'][-1].get('optim', '?') if tp['runs'][-1]['side'] == 'hf' else tp['runs'][-2].get('optim')}")
+            f"(flags {o['acl_lab_flags']}), fused AdamW {o['fused AdamW']:.1f} ms; HF optim = {tp['hf_optim']}")
     if not args.skip_early_exit:
         say(f"\n(b) early exit: train() of me-ce and me-acl-cl, {args.ee_steps} steps, {args.ee_train_samples} train "
             f"samples; sweep(entropy) on dev, batch {EVAL_BATCH}, {args.sweeps} sweep call(s) x best of "

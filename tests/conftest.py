@@ -38,3 +38,57 @@ def tiny_config(tmp_path: Path, toy_dir: Path) -> TrainConfig:
     return TrainConfig(task="sst2", source="local", data_dir=str(toy_dir), model="tiny", objective="ce",
                        output_dir=str(tmp_path / "run"), batch_size=16, max_length=16, max_steps=6,
                        eval_every=3, lr=2e-3, warmup_ratio=0.0, dropout=0.0, num_threads=1)
+
+
+# ---------------------------------------------------------------------------
+# notebooks: the whole suite executed once per session, in order, smoke preset
+# ---------------------------------------------------------------------------
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOK_TIMEOUT = 300  # seconds per cell
+
+
+def kernel_name() -> str:
+    """The explicit kernel the notebooks run on: 'acl-lab' (registered by scripts/setup.sh), else python3."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    return "acl-lab" if "acl-lab" in KernelSpecManager().find_kernel_specs() else "python3"
+
+
+@pytest.fixture(scope="session")
+def executed_suite(tmp_path_factory):
+    """Run every notebook in notebooks/ (sorted) with PRESET='smoke' into one OUTPUT_DIR.
+
+    Returns {stem: {"output": path of the executed copy, "error": exception or None,
+    "metrics": the notebook's metrics JSON or None, "output_dir": shared OUTPUT_DIR}}.
+    A failing notebook does not stop the later ones; its test reports the error.
+    """
+    import json as _json
+
+    import papermill as pm
+
+    root = tmp_path_factory.mktemp("suite")
+    out_dir = root / "output"
+    results = {}
+    for nb in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        executed = root / nb.name
+        error = None
+        try:
+            pm.execute_notebook(str(nb), str(executed), parameters={"PRESET": "smoke", "OUTPUT_DIR": str(out_dir)},
+                                kernel_name=kernel_name(), execution_timeout=NOTEBOOK_TIMEOUT, cwd=str(NOTEBOOKS),
+                                progress_bar=False)
+        except Exception as exc:  # noqa: BLE001 - reported by the notebook's own test
+            error = exc
+        metrics_file = out_dir / "metrics" / f"{nb.stem}.json"
+        results[nb.stem] = {"output": executed, "error": error, "output_dir": out_dir,
+                            "metrics": _json.loads(metrics_file.read_text()) if metrics_file.exists() else None}
+    return results
+
+
+def notebook_result(suite: dict, stem: str) -> dict:
+    """The executed notebook's record; fails the test with the notebook's error if it did not run through."""
+    assert stem in suite, f"notebook {stem}.ipynb not found in notebooks/"
+    rec = suite[stem]
+    if rec["error"] is not None:
+        pytest.fail(f"{stem}.ipynb failed in the smoke preset:\n{str(rec['error'])[-3000:]}")
+    assert rec["metrics"] is not None, f"{stem}.ipynb wrote no OUTPUT_DIR/metrics/{stem}.json"
+    return rec

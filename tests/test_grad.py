@@ -240,3 +240,16 @@ def test_repr_scope_needs_scope_tensors() -> None:
         gate.backward(ce, aux)
     with pytest.raises(AclLabError, match="scope_tensors"):
         gate.backward(ce, aux, scope_tensors=[h.detach()])
+
+
+def test_gradient_cosines_equal_pairwise_cosines():
+    from acl_lab.grad import gradient_cosines
+
+    torch.manual_seed(0)
+    w = torch.randn(5, requires_grad=True)
+    ref = (w ** 2).sum()
+    others = [(w * torch.arange(5.0)).sum(), w.sin().sum(), -(w ** 2).sum()]
+    got = gradient_cosines(ref, others, [w])
+    want = [gradient_cosine(ref, o, [w]) for o in others]
+    assert got == want
+    assert got[2] < -0.999999
