@@ -75,6 +75,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=2, help="timed passes per setting; the best is kept")
     p.add_argument("--device", default="auto")
     p.add_argument("--csv", type=Path, default=None, help="also write the table to this CSV file")
+
+    p = sub.add_parser("batch", help="run a YAML grid of notebook parameters with papermill (restartable)",
+                       description="Example: python -m acl_lab batch notebooks/grids/seeds_smoke.yaml. Writes the "
+                                   "executed notebooks and results.csv/results.md under the grid's output_dir; "
+                                   "exits 1 if any run failed.")
+    p.add_argument("grid", type=Path, help="the grid YAML file (see notebooks/grids/)")
+    p.add_argument("--no-resume", action="store_true", help="run everything again, even runs that completed")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their output paths; execute nothing")
+
+    p = sub.add_parser("suite", help="run every notebook in order with one preset (restartable)",
+                       description="Example: python -m acl_lab suite --preset smoke. Writes the executed notebooks, "
+                                   "figures/ and results.csv/results.md under --output-dir; exits 1 if any failed.")
+    p.add_argument("--preset", default="quick", help="smoke, quick or full (default: quick)")
+    p.add_argument("--output-dir", type=Path, default=None, help="default: outputs/suite-<preset>")
+    p.add_argument("--notebooks", default=None, help="comma-separated stems, e.g. 00_tour,01_gradient_conflict "
+                                                     "(default: all)")
+    p.add_argument("--kernel", default=None, help="Jupyter kernel (default: acl-lab if registered, else python3)")
+    p.add_argument("--no-resume", action="store_true", help="run every notebook again, even completed ones")
     return parser
 
 
@@ -134,16 +152,43 @@ def _cmd_early_exit(args) -> None:
         table.to_csv(args.csv, index=False)
 
 
-COMMANDS = {"fetch": _cmd_fetch, "train": _cmd_train, "early-exit": _cmd_early_exit}
+def _cmd_batch(args) -> int:
+    from .batch import expand_grid, load_grid, previous_run, run_grid
+
+    if not args.dry_run:
+        df = run_grid(args.grid, resume=not args.no_resume)
+        return int((df["status"] == "failed").any())
+    grid = load_grid(args.grid)
+    specs = expand_grid(grid)
+    print(f"{len(specs)} runs of {args.grid} -> {grid['output_dir']} (kernel {grid['kernel']}, "
+          f"timeout {grid['timeout'] or 'none'})")
+    for i, spec in enumerate(specs, 1):
+        done = not args.no_resume and previous_run(spec.notebook, spec.output_path, spec.parameters) is not None
+        print(f"[{i}/{len(specs)}] {spec.notebook.name} {spec.name} -> {spec.output_path}"
+              f"{'  (completed: would skip)' if done else ''}")
+        print(f"    parameters: {json.dumps(spec.parameters)}")
+    return 0
+
+
+def _cmd_suite(args) -> int:
+    from .batch import run_suite
+
+    names = [n.strip() for n in args.notebooks.split(",") if n.strip()] if args.notebooks else None
+    df = run_suite(args.preset, output_dir=args.output_dir, notebooks=names, kernel_name=args.kernel,
+                   resume=not args.no_resume)
+    return int((df["status"] == "failed").any())
+
+
+COMMANDS = {"fetch": _cmd_fetch, "train": _cmd_train, "early-exit": _cmd_early_exit, "batch": _cmd_batch,
+            "suite": _cmd_suite}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        COMMANDS[args.command](args)
+        return COMMANDS[args.command](args) or 0  # batch and suite return 1 when a run failed
     except AclLabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 0

@@ -49,6 +49,7 @@ import argparse
 import copy
 import json
 import math
+import shutil
 import statistics
 import sys
 import tempfile
@@ -222,6 +223,8 @@ def agreement(args, say: Report) -> dict:
         wall = time.perf_counter() - t0
     finally:
         trainer_mod._make_gate = original
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
     recs = gates[-1].records
     # cross-check: the exact cosine recorded by the probe is the one the trainer logged
     hist_angles = [r["angle"] for r in result.history]
@@ -274,21 +277,21 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--batches", type=int, default=None, help="fixed batches per round (default 4; quick 2)")
-    p.add_argument("--rounds", type=int, default=None, help="timing rounds (default 5; quick 2)")
+    p.add_argument("--rounds", type=int, default=None, help="timing rounds (default 4; quick 2)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps per variant (default 3; quick 1)")
-    p.add_argument("--agree-steps", type=int, default=None, help="ACL fine-tuning steps (default 120; quick 8)")
+    p.add_argument("--agree-steps", type=int, default=None, help="ACL fine-tuning steps (default 100; quick 8)")
     p.add_argument("--eval-samples", type=int, default=256, help="dev/test samples for the final eval of the run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; see the module docstring)")
-    p.add_argument("--work-dir", default=None, help="where the agreement run writes (default: a temp folder)")
+    p.add_argument("--work-dir", default=None, help="where the agreement run writes (default: a temp folder, removed after)")
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--skip-agreement", action="store_true")
     args = p.parse_args(argv)
     q = args.quick
     args.batches = args.batches or (2 if q else 4)
-    args.rounds = args.rounds or (2 if q else 5)
+    args.rounds = args.rounds or (2 if q else 4)
     args.warmup = args.warmup if args.warmup is not None else (1 if q else 3)
-    args.agree_steps = args.agree_steps or (8 if q else 120)
+    args.agree_steps = args.agree_steps or (8 if q else 100)
     torch.set_num_threads(args.threads)
     json_path = Path(args.json)
     txt_path = Path(args.txt) if args.txt else json_path.with_suffix(".txt")

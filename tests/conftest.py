@@ -59,7 +59,7 @@ def executed_suite(tmp_path_factory):
     """Run every notebook in notebooks/ (sorted) with PRESET='smoke' into one OUTPUT_DIR.
 
     Returns {stem: {"output": path of the executed copy, "error": exception or None,
-    "metrics": the notebook's metrics JSON or None, "output_dir": shared OUTPUT_DIR}}.
+    "metrics": OUTPUT_DIR/smoke/metrics/<stem>.json or None, "output_dir": shared OUTPUT_DIR}}.
     A failing notebook does not stop the later ones; its test reports the error.
     """
     import json as _json
@@ -78,7 +78,7 @@ def executed_suite(tmp_path_factory):
                                 progress_bar=False)
         except Exception as exc:  # noqa: BLE001 - reported by the notebook's own test
             error = exc
-        metrics_file = out_dir / "metrics" / f"{nb.stem}.json"
+        metrics_file = out_dir / "smoke" / "metrics" / f"{nb.stem}.json"
         results[nb.stem] = {"output": executed, "error": error, "output_dir": out_dir,
                             "metrics": _json.loads(metrics_file.read_text()) if metrics_file.exists() else None}
     return results
