@@ -3,8 +3,10 @@
 Everything here reads results (``TrainResult`` lists, the long per-exit table of
 :func:`acl_lab.experiments.per_exit_frame`, the rows of
 :func:`acl_lab.early_exit.sweep`, a batch runner's DataFrame) and never reaches
-into training. Figures are returned, not shown, so a notebook can save them with
-:func:`acl_lab.notebook.save_figure` and then ``plt.show()``.
+into training; the one exception to "tables only" is :func:`sweep_run`, which loads
+a finished run's best checkpoint to time early exit on it. Figures are returned,
+not shown, so a notebook can save them with :func:`acl_lab.notebook.save_figure`
+and then ``plt.show()``.
 
 Conventions: a metric is a fraction in [0, 1] (accuracy, F1, MCC...), so "one point"
 is 0.01; every spread is the sample standard deviation over seeds (0 with one seed).
@@ -87,15 +89,20 @@ def shallow_and_final(per_exit: pd.DataFrame, metric: str = "accuracy") -> pd.Da
         deepest = df["layer"].max()
         shallow = df[df["layer"] <= deepest / 2].groupby("seed")[metric].mean()
         final = df[df["layer"] == deepest].groupby("seed")[metric].mean()
-        rows.append({"objective": objective, "shallow_layers": sorted(df.loc[df["layer"] <= deepest / 2, "layer"].unique().tolist()),
+        layers = sorted(df.loc[df["layer"] <= deepest / 2, "layer"].unique().tolist())
+        rows.append({"objective": objective, "shallow_layers": layers,
                      "shallow_mean": float(shallow.mean()), "shallow_sd": _sd(shallow),
                      "final": float(final.mean()), "final_sd": _sd(final), "seeds": int(final.size)})
     return pd.DataFrame(rows).set_index("objective")
 
 
 def plot_layer_scores(per_exit: pd.DataFrame, metric: str = "accuracy", title: str | None = None,
-                      ax=None):
-    """Dev ``metric`` per exit layer, one line per objective, shaded band mean ± sd over seeds."""
+                      ax=None, references: dict[str, float] | None = None):
+    """Dev ``metric`` per exit layer, one line per objective, shaded band mean ± sd over seeds.
+
+    ``references`` draws labelled horizontal lines, e.g. ``{"majority class": 0.61}``:
+    an exit on that line predicts one class for every input.
+    """
     s = layer_scores(per_exit, metric)
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6.5, 4))
     for i, (objective, df) in enumerate(s.groupby("objective", sort=False)):
@@ -103,6 +110,8 @@ def plot_layer_scores(per_exit: pd.DataFrame, metric: str = "accuracy", title: s
         line, = ax.plot(df["layer"], df["mean"], marker="o", color=color(objective, i),
                         label=f"{label(objective)} (n={seeds})")
         ax.fill_between(df["layer"], df["mean"] - df["sd"], df["mean"] + df["sd"], color=line.get_color(), alpha=0.2)
+    for i, (name, value) in enumerate((references or {}).items()):
+        ax.axhline(value, color="grey", ls=("--", ":", "-.")[i % 3], lw=1, label=name)
     ax.set_xticks(sorted(s["layer"].unique()))
     ax.set_xlabel("exit layer")
     ax.set_ylabel(f"dev {metric}")
@@ -117,6 +126,12 @@ def plot_layer_scores(per_exit: pd.DataFrame, metric: str = "accuracy", title: s
 # ---------------------------------------------------------------------------
 
 MATCH_FIELDS = ("task", "model", "max_steps", "max_train_samples", "max_eval_samples", "max_length", "batch_size")
+
+
+def majority_rate(labels: Iterable) -> float:
+    """The share of the most frequent label: the accuracy of always predicting it."""
+    counts = pd.Series(list(labels)).value_counts()
+    return float(counts.iloc[0] / counts.sum()) if len(counts) else math.nan
 
 
 def pick_run(results: Sequence, objective: str, like=None, seed: int | None = None):

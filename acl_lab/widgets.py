@@ -135,8 +135,9 @@ def gate_explorer(history_df: pd.DataFrame, column: str | None = None, threshold
     columns = angle_columns(history_df)
     if not columns:
         raise AclLabError("gate_explorer needs a history table with an angle column "
-                          f"({', '.join(ANGLE_COLUMNS)}); this one has {sorted(history_df.columns)[:12]}. Fix: pass the "
-                          "history of a run trained with ACL-Grad or with probe_angles=True (notebook 01).")
+                          f"({', '.join(ANGLE_COLUMNS)}); this one has {sorted(history_df.columns)[:12]}. "
+                          "Fix: pass the history of a run trained with ACL-Grad or with probe_angles=True "
+                          "(notebook 01).")
     column = column if column in columns else columns[0]
     groups = ["all"] + ([str(g) for g in dict.fromkeys(history_df[by])] if by in history_df.columns else [])
     slider = widgets.FloatSlider(value=float(threshold), min=0.0, max=180.0, step=1.0, description="threshold (°)",
@@ -212,7 +213,8 @@ def sensitivity_text(table: pd.DataFrame, lam: float, temperature: float | None,
     text = f"{head} — {html.escape(metric)}: " + " · ".join(parts)
     if len(table) == 2 and table["n"].min() > 0:
         a, b = table.index
-        text += f" · {html.escape(label(b))} − {html.escape(label(a))} = <b>{table.loc[b, 'mean'] - table.loc[a, 'mean']:+.4f}</b>"
+        gap = table.loc[b, "mean"] - table.loc[a, "mean"]
+        text += f" · {html.escape(label(b))} − {html.escape(label(a))} = <b>{gap:+.4f}</b>"
     return text
 
 

@@ -184,3 +184,41 @@ def test_example_grids_are_valid():
             assert batch.expand_grid(path), path
     assert batch.run_name({"OBJECTIVES": ["ce+scl"], "LAMBDA": 0.5}) == "OBJECTIVES=ce+scl_LAMBDA=0.5"
     assert batch.run_name({}) == "default"
+
+
+def test_interrupted_batch_restarts_and_skips_finished_runs(tmp_path, toy):
+    """A real SIGINT to `python -m acl_lab batch` mid-way; the restart skips the runs that finished."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    nbs = tmp_path / "nbs"
+    slow = write_notebook(nbs, stem="slow")
+    nb = nbformat.read(str(slow), as_version=4)
+    block = tmp_path / "block"
+    block.write_text("runs after the first wait while this file exists")
+    nb.cells.append(nbformat.v4.new_code_cell(
+        f"import pathlib, time\nt0 = time.time()\nwhile X > 1 and pathlib.Path({str(block)!r}).exists() "
+        "and time.time() - t0 < 60:\n    time.sleep(0.2)"))
+    nbformat.write(nb, str(slow))
+    out = tmp_path / "batch"
+    grid = write_grid(nbs / "g.yaml", notebooks=["slow.ipynb"], output_dir=str(out), kernel=kernel_name(),
+                      timeout=120, grid={"X": [1, 2, 3]})
+    proc = subprocess.Popen([sys.executable, "-m", "acl_lab", "batch", str(grid)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    results = out / "results.csv"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (results.exists() and "completed" in results.read_text()):
+        time.sleep(0.2)
+    time.sleep(3)  # now inside the second run, which waits on the block file
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    first = out / "slow" / "X=1.ipynb"
+    stamp = first.stat().st_mtime_ns
+    block.unlink()
+    df = batch.run_grid(grid, progress=False)  # the restart: X=1 finished before the signal and is skipped
+    assert list(df["status"]) == ["skipped", "completed", "completed"]
+    assert first.stat().st_mtime_ns == stamp

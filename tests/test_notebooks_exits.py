@@ -76,6 +76,8 @@ def test_04_multi_exit_records_per_exit_scores(executed_suite):
         assert all(0.0 <= v <= 1.0 for v in exits)
         assert m[f"{objective}.final_{metric}"] == pytest.approx(exits[-1])
         assert m[f"{objective}.shallow_mean_{metric}"] == pytest.approx(sum(exits[: k // 2]) / (k // 2))
+        assert 0 <= m[f"{objective}.exits_like_constant"] <= k
+    assert 0.5 <= m["majority_rate"] <= 1.0
     _png(rec, "04_layer_scores")
 
 
@@ -134,6 +136,11 @@ def per_exit() -> pd.DataFrame:
                 rows.append({"objective": objective, "seed": seed, "layer": layer,
                              "accuracy": base + 0.05 * layer + 0.01 * seed})
     return pd.DataFrame(rows)
+
+
+def test_majority_rate():
+    assert X.majority_rate([0, 1, 1, 1]) == 0.75
+    assert math.isnan(X.majority_rate([]))
 
 
 def test_shallow_and_final(per_exit):
