@@ -176,8 +176,8 @@ def sweep_run(run_dir: str | Path, settings: dict[str, list[float]], split: str 
         raise AclLabError(f"Split {split!r} is not in task {cfg.task!r}; available: {', '.join(data)}.")
     enc = tokenize(type(data)({split: data[split]}), tokenizer, cfg.max_length)
     loader = make_loader(enc[split], tokenizer, batch_size, shuffle=False)
-    # one discarded pass first, so one-off costs (allocations, kernel selection) do not land in a timing
-    sweep(model, loader, task, "patience", [0], get_device(device), repeats=1)
+    # one discarded pass over one batch first, so one-off costs (allocations, kernel selection) miss the timings
+    sweep(model, [next(iter(loader))], task, "patience", [0], get_device(device), repeats=1)
     rows = []
     for criterion, thresholds in settings.items():
         rows += sweep(model, loader, task, criterion, list(thresholds), get_device(device), repeats=repeats)
@@ -195,15 +195,16 @@ def best_speedup(sweep_df: pd.DataFrame, metric: str = "accuracy", max_drop: flo
     The loss is against the full model measured in the same sweep (``quality_drop``);
     ``max_drop=0.01`` is "at most one point". A setting where no sample left early
     (layer speed-up 1) computes what the full model computes, so its measured ratio is
-    timing noise and it does not count. A model where no setting qualifies gets
-    speed-up 1.0 (run the full model) and ``criterion`` "full model".
+    timing noise and it does not count. The full model itself always qualifies (no
+    loss, speed-up 1.0), so a model where no setting beats it gets ``criterion``
+    "full model" and speed-up 1.0.
     """
     _need_columns(sweep_df, (by, "criterion", "threshold", "quality_drop", speed, metric), "best_speedup")
     rows = []
     for key, df in sweep_df.groupby(by, sort=False):
         ok = df[(df["quality_drop"] <= max_drop + 1e-12) & (df["layer_speedup"] > 1.0 + 1e-9)]
         full = float(df[f"full_{metric}"].iloc[0]) if f"full_{metric}" in df else math.nan
-        if ok.empty:
+        if ok.empty or ok[speed].max() <= 1.0:
             rows.append({by: key, "criterion": "full model", "threshold": math.nan, speed: 1.0,
                          "layer_speedup": 1.0, metric: full, "quality_drop": 0.0, f"full_{metric}": full})
             continue

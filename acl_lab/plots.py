@@ -118,7 +118,8 @@ def angle_phase_plot(long: pd.DataFrame, ax=None, title: str | None = None):
         if not keep:
             continue
         bp = ax.boxplot([d for d, _ in keep], positions=[p for _, p in keep], widths=width * 0.9, patch_artist=True,
-                        showfliers=True, flierprops={"markersize": 3})
+                        showfliers=True, flierprops={"markersize": 3},
+                        medianprops={"color": "k"})
         for box in bp["boxes"]:
             box.set_facecolor(_color(probe, i))
             box.set_alpha(0.6)

@@ -2,8 +2,10 @@
 
 Commands (from the repository root)::
 
-    .venv/bin/python bench/bench_objectives.py            # full run (about 15 min on this 2-core machine)
+    .venv/bin/python bench/bench_objectives.py            # full run (about 12-15 min on an idle 2-core machine;
+                                                          # 47 min with load average 6-10)
     .venv/bin/python bench/bench_objectives.py --quick    # sanity run (about 3 min)
+    .venv/bin/python bench/bench_objectives.py --reanalyse  # recompute the agreement table from the saved JSON
 
 Writes ``--json`` (default ``bench/results/objectives.json``) and the printed
 report as ``--txt`` (default: the JSON path with ``.txt``).

@@ -2,8 +2,16 @@
 
 Commands (from the repository root)::
 
-    .venv/bin/python bench/bench_trainer.py            # full run (about 25-30 min on this 2-core machine)
+    .venv/bin/python bench/bench_trainer.py            # full run (about 35 min on an idle 2-core machine)
     .venv/bin/python bench/bench_trainer.py --quick    # sanity run (about 5 min)
+
+On a loaded machine run the two parts as two processes, e.g. (what produced
+bench/results/trainer*.json, with load average 5-10 on 2 cores; the two JSONs
+were then merged into trainer.json)::
+
+    .venv/bin/python bench/bench_trainer.py --skip-early-exit --json bench/results/trainer_throughput.json
+    .venv/bin/python bench/bench_trainer.py --skip-throughput --ee-steps 150 --ee-eval-every 75 \
+        --json bench/results/trainer_early_exit.json
 
 Writes ``--json`` (default ``bench/results/trainer.json``) and the printed report
 as ``--txt`` (default: the JSON path with ``.txt``). ``--skip-throughput`` /
@@ -49,8 +57,8 @@ report gives the median samples/s of each side and the ratio acl_lab / HF
 the optimizer step alone (acl_lab's AdamW vs fused AdamW on the same
 parameters) is printed too, to explain a gap if there is one.
 
-(b) Early exit. ``train()`` of ``me-ce`` and ``me-acl-cl`` (defaults: 200 steps,
-2000 train samples (3.2 epochs), seed 0; dev evaluated every 100 steps on a
+(b) Early exit. ``train()`` of ``me-ce`` and ``me-acl-cl`` (defaults: 300 steps,
+2000 train samples (4.8 epochs), seed 0; dev evaluated every 100 steps on a
 fixed 500-sample subset of dev (``--ee-select-samples``) to pick the best
 checkpoint), then the best checkpoint (``load_trained``) is evaluated on the
 full rt-polarity dev split, batch size 64, with ``acl_lab.early_exit.sweep``
@@ -336,7 +344,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None, help="(a) timed steps per run (default 30; quick 4)")
     p.add_argument("--repeats", type=int, default=None, help="(a) runs per side, order ABBA... (default 2; quick 1)")
     p.add_argument("--opt-reps", type=int, default=None, help="(a) optimizer micro-benchmark steps (default 20)")
-    p.add_argument("--ee-steps", type=int, default=None, help="(b) training steps per model (default 200; quick 20)")
+    p.add_argument("--ee-steps", type=int, default=None, help="(b) training steps per model (default 300; quick 20)")
     p.add_argument("--ee-train-samples", type=int, default=None, help="(b) train subset (default 2000; quick 320)")
     p.add_argument("--ee-eval-samples", type=int, default=None, help="(b) dev subset swept (default: all; quick 256)")
     p.add_argument("--ee-select-samples", type=int, default=None,
@@ -357,7 +365,7 @@ def main(argv=None) -> int:
     args.steps = args.steps or (4 if q else 30)
     args.repeats = args.repeats or (1 if q else 2)
     args.opt_reps = args.opt_reps or (5 if q else 20)
-    args.ee_steps = args.ee_steps or (20 if q else 200)
+    args.ee_steps = args.ee_steps or (20 if q else 300)
     args.ee_train_samples = args.ee_train_samples or (320 if q else 2000)
     args.ee_eval_samples = args.ee_eval_samples or (256 if q else None)
     args.ee_select_samples = args.ee_select_samples or (128 if q else 500)
