@@ -65,6 +65,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from report import Report  # noqa: E402  (bench/report.py, beside this script)
+
 from acl_lab import trainer as trainer_mod  # noqa: E402
 from acl_lab.config import TrainConfig  # noqa: E402
 from acl_lab.data import load_task, make_loader, tokenize  # noqa: E402
@@ -84,17 +86,6 @@ VARIANTS = [
     ("acl-grad head", "acl", "head"),
     ("acl-grad repr", "acl", "repr"),
 ]
-
-
-class Report:
-    """Print lines and keep them for the .txt copy."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def __call__(self, line: str = "") -> None:
-        print(line, flush=True)
-        self.lines.append(line)
 
 
 # ---------------------------------------------------------------------------

@@ -90,6 +90,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from report import Report  # noqa: E402  (bench/report.py, beside this script)
+
 from acl_lab import trainer as trainer_mod  # noqa: E402
 from acl_lab.assets import model_dir  # noqa: E402
 from acl_lab.checkpoint import load_trained  # noqa: E402
@@ -105,17 +107,6 @@ MAX_LEN = 64
 LR, WD, WARMUP, CLIP = 5e-5, 0.01, 0.1, 1.0
 EVAL_BATCH = 64
 DROP_TOLERANCE = 0.01
-
-
-class Report:
-    """Print lines and keep them for the .txt copy."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def __call__(self, line: str = "") -> None:
-        print(line, flush=True)
-        self.lines.append(line)
 
 
 def _load_avg() -> str:
