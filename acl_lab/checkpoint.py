@@ -168,7 +168,7 @@ def load_trained(folder: str | Path, device: str = "auto"):
     cfg = TrainConfig.from_json(folder / "config.json")
     task = get_task(cfg.task)
     model, tokenizer = build_model(cfg.model, task.num_labels, multi_exit=cfg.multi_exit, dropout=cfg.dropout,
-                                   seed=cfg.seed)
+                                   seed=cfg.seed, pooling=cfg.pooling)
     load_model_weights(folder, model)
     model.to(get_device(device)).eval()
     return model, tokenizer, cfg

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import AclLabError, bad_value
+from .model import POOLINGS
 
 SINGLE_EXIT_OBJECTIVES = ("ce", "ce+scl", "acl-embed", "acl")
 MULTI_EXIT_OBJECTIVES = ("me-ce", "me-acl", "me-acl-cl")
@@ -59,6 +60,7 @@ class TrainConfig:
     grad_accum: int = 1
     max_grad_norm: float | None = 1.0
     dropout: float = 0.1
+    pooling: str = "cls"  # exit representation: "cls" (PAPER.md) or "mean" over tokens (this kit's option)
     # objective
     lam: float = 0.1
     mu: float = 0.1
@@ -103,6 +105,8 @@ class TrainConfig:
             raise bad_value("exit_weights", self.exit_weights, EXIT_WEIGHTS, "use 'uniform' unless you study exit weighting.")
         if self.angle_scope not in ANGLE_SCOPES:
             raise bad_value("angle_scope", self.angle_scope, ANGLE_SCOPES, "use 'all' for the paper's exact definition.")
+        if self.pooling not in POOLINGS:
+            raise bad_value("pooling", self.pooling, POOLINGS, "use 'cls' (the paper's [CLS] exits) or 'mean'.")
         if self.anchors not in ANCHORS:
             raise bad_value("anchors", self.anchors, ANCHORS, "use 'all' (the default reading of PAPER.md).")
         if self.amp not in AMP:

@@ -73,7 +73,7 @@ def early_exit_predict(model: MultiExitClassifier, input_ids, attention_mask, to
     streak = torch.zeros(n, dtype=torch.long, device=device)
     for i, k in enumerate(model.exit_layers):
         hidden = model.layer(k, hidden, mask)
-        logits = model.head_logits(i, hidden[:, 0]).float()
+        logits = model.head_logits(i, model.pool(hidden, mask)).float()
         pred = logits.argmax(-1)
         if criterion == "entropy":
             leave = normalised_entropy(logits) < threshold
@@ -102,7 +102,7 @@ def full_predict(model: MultiExitClassifier, input_ids, attention_mask, token_ty
     hidden, mask = model.embed(input_ids, attention_mask, token_type_ids)
     for k in range(1, model.num_layers + 1):
         hidden = model.layer(k, hidden, mask)
-    return model.head_logits(len(model.exit_layers) - 1, hidden[:, 0]).float().argmax(-1)
+    return model.head_logits(len(model.exit_layers) - 1, model.pool(hidden, mask)).float().argmax(-1)
 
 
 def _paired_times(early, full, batches: list[dict], repeats: int) -> tuple[float, float, list]:

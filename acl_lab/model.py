@@ -25,6 +25,7 @@ from .hub import hub_unreachable_reason
 OFFLINE_DEFAULT = "minilm-l6"
 TINY = "tiny"
 KNOWN_SHORT_NAMES = (OFFLINE_DEFAULT, TINY)
+POOLINGS = ("cls", "mean")
 TINY_CONFIG = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
                    max_position_embeddings=128, type_vocab_size=2)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -116,12 +117,19 @@ def load_backbone(name: str, seed: int = 0):
 class MultiExitClassifier(nn.Module):
     """A Hugging Face encoder with a linear classifier on every layer, or on the last only.
 
-    Exits read the first-token ([CLS]) hidden state of their layer through dropout;
-    the classifier's weight rows are the label embeddings of that exit.
+    Exits read the first-token ([CLS]) hidden state of their layer through dropout
+    (``pooling="cls"``, PAPER.md); ``pooling="mean"`` averages the non-padding tokens
+    instead, this kit's option for encoders such as all-MiniLM-L6-v2 that were trained
+    with mean pooling and whose shallow [CLS] states are nearly identical across inputs.
+    The classifier's weight rows are the label embeddings of that exit.
     """
 
-    def __init__(self, encoder: nn.Module, num_labels: int, multi_exit: bool = False, dropout: float = 0.1):
+    def __init__(self, encoder: nn.Module, num_labels: int, multi_exit: bool = False, dropout: float = 0.1,
+                 pooling: str = "cls"):
         super().__init__()
+        if pooling not in POOLINGS:
+            raise AclLabError(f"pooling {pooling!r} is not valid; allowed: {', '.join(POOLINGS)}. Fix: use 'cls'.")
+        self.pooling = pooling
         self.encoder = encoder
         self.num_layers = len(encoder.encoder.layer)
         self.hidden_size = encoder.config.hidden_size
@@ -153,6 +161,13 @@ class MultiExitClassifier(nn.Module):
         out = self.encoder.encoder.layer[k - 1](hidden, attention_mask=mask)
         return out[0] if isinstance(out, tuple) else out
 
+    def pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The exit representation of a layer's output: [CLS] state, or the mean over real tokens."""
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        keep = (mask[:, 0, 0, :] == 0).to(hidden.dtype).unsqueeze(-1)
+        return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1.0)
+
     def head_logits(self, exit_index: int, rep: torch.Tensor) -> torch.Tensor:
         return self.heads[exit_index](self.dropout(rep))
 
@@ -165,7 +180,7 @@ class MultiExitClassifier(nn.Module):
         for k in range(1, self.num_layers + 1):
             hidden = self.layer(k, hidden, mask)
             if k in exit_at:
-                rep = hidden[:, 0]
+                rep = self.pool(hidden, mask)
                 reps.append(rep)
                 logits.append(self.head_logits(exit_at[k], rep))
         return ExitOutputs(layers=list(self.exit_layers), reps=reps, logits=logits)
@@ -179,12 +194,13 @@ class MultiExitClassifier(nn.Module):
         return [p for p in top + self.head_parameters() if p.requires_grad]
 
 
-def build_model(name: str, num_labels: int, multi_exit: bool = False, dropout: float = 0.1, seed: int = 0):
+def build_model(name: str, num_labels: int, multi_exit: bool = False, dropout: float = 0.1, seed: int = 0,
+                pooling: str = "cls"):
     """Load the backbone and wrap it: returns ``(model, tokenizer)``."""
     encoder, tokenizer = load_backbone(name, seed=seed)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = MultiExitClassifier(encoder, num_labels, multi_exit=multi_exit, dropout=dropout)
+        model = MultiExitClassifier(encoder, num_labels, multi_exit=multi_exit, dropout=dropout, pooling=pooling)
     return model, tokenizer
 
 
@@ -197,6 +213,7 @@ def describe(model: MultiExitClassifier) -> dict:
         "num_layers": model.num_layers,
         "num_labels": model.num_labels,
         "multi_exit": model.multi_exit,
+        "pooling": model.pooling,
         "vocab_size": getattr(cfg, "vocab_size", None),
     }
 

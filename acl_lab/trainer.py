@@ -242,7 +242,7 @@ def train(config: TrainConfig | dict, resume: bool = False, overwrite: bool = Fa
     dtype = amp_dtype(device, cfg.amp)
 
     model, tokenizer = build_model(cfg.model, task.num_labels, multi_exit=cfg.multi_exit, dropout=cfg.dropout,
-                                   seed=cfg.seed)
+                                   seed=cfg.seed, pooling=cfg.pooling)
     model.to(device)
     data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, max_train_samples=cfg.max_train_samples,
                      max_eval_samples=cfg.max_eval_samples, seed=cfg.seed)

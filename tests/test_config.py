@@ -23,6 +23,7 @@ def test_json_round_trip(tmp_path):
     ({"exit_weights": "random"}, ["exit_weights", "'uniform'", "'ascending'"]),
     ({"objective": "supcon"}, ["objective", "'acl'", "'me-acl-cl'"]),
     ({"angle_scope": "layer"}, ["angle_scope", "'all'", "'repr'"]),
+    ({"pooling": "max"}, ["pooling", "'cls'", "'mean'"]),
     ({"max_length": 0}, ["max_length", ">= 1"]),
     ({"batch_size": 0}, ["batch_size", ">= 1"]),
     ({"lam": "0.1"}, ["lam", "str", "float"]),

@@ -58,3 +58,34 @@ def test_real_minilm_forward_on_rt_polarity_batch():
     assert all(torch.isfinite(r).all() for r in out.reps)
     # pretrained, not random: two different reviews have clearly different, non-degenerate representations
     assert out.reps[-1].std(0).mean() > 0.05
+
+
+def test_mean_pooling_averages_real_tokens_only():
+    model, tok = build_model("tiny", num_labels=2, multi_exit=True, pooling="mean")
+    model.eval()
+    b = _batch(tok)
+    with torch.no_grad():
+        out = model(**b)
+        ref = model.encoder(**b, output_hidden_states=True).hidden_states
+    m = b["attention_mask"].float()
+    for layer, rep in zip(out.layers, out.reps):
+        want = (ref[layer] * m[..., None]).sum(1) / m.sum(1, keepdim=True)
+        torch.testing.assert_close(rep, want)
+    # padding does not change a sample's representation
+    with torch.no_grad():
+        alone = model(**tok(["a fine movie"], return_tensors="pt"))
+    torch.testing.assert_close(alone.reps[-1][0], out.reps[-1][0], atol=1e-5, rtol=1e-4)
+
+
+def test_mean_pooled_early_exit_batched_equals_one_at_a_time():
+    from acl_lab.early_exit import early_exit_predict
+
+    model, tok = build_model("tiny", num_labels=3, multi_exit=True, pooling="mean", seed=2)
+    with torch.no_grad():
+        for i, h in enumerate(model.heads):
+            h.weight.mul_(60.0 * (i + 1))
+    texts = ["a fine movie", "the worst plot ever written", "meh", "superb acting, dull script", "I laughed"]
+    batched = early_exit_predict(model, **tok(texts, padding=True, return_tensors="pt"), threshold=0.5)
+    single = [early_exit_predict(model, **tok([t], return_tensors="pt"), threshold=0.5) for t in texts]
+    assert batched.exit_layers.tolist() == [s.exit_layers.item() for s in single]
+    assert batched.predictions.tolist() == [s.predictions.item() for s in single]
