@@ -213,9 +213,12 @@ def pick_run(results: Iterable[Any], objective: str, seed: int | None = None, li
 
     Candidates have that objective, ``seed`` (if given), no pilot-study probing, and the
     same task, model, data size and length as the config ``like`` (if given). Among them,
-    runs whose config also matches every field in ``prefer`` (e.g. ``{"lam": 0.1}``) come
-    first, then lower seeds; ties are broken by the run folder name.
+    runs whose config matches more of the fields in ``prefer`` (e.g. ``{"lam": 0.1}``) come
+    first, then those differing from ``like`` in fewer other fields (objective and seed
+    aside), then lower seeds; ties are broken by the run folder name.
     """
+    from .config import RUNTIME_FIELDS
+
     candidates = []
     for r in results:
         c = r.config
@@ -228,9 +231,14 @@ def pick_run(results: Iterable[Any], objective: str, seed: int | None = None, li
         return None
     prefer = prefer or {}
 
+    skip = set(RUNTIME_FIELDS) | {"objective", "seed"}
+    reference = like.to_dict() if like is not None else {}
+
     def rank(r):
         misses = sum(getattr(r.config, k) != v for k, v in prefer.items())
-        return misses, r.config.seed, str(r.output_dir)
+        mine = r.config.to_dict()
+        others = sum(mine.get(k) != v for k, v in reference.items() if k not in skip)
+        return misses, others, r.config.seed, str(r.output_dir)
 
     return min(candidates, key=rank)
 

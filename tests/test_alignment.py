@@ -128,4 +128,8 @@ def test_pick_run_prefers_matching_config(tmp_path):
     assert pick_run(runs, "acl", seed=0, like=base, prefer={"lam": 0.1}).output_dir.name == "b"
     assert pick_run(runs, "acl", seed=0, like=base, prefer={"lam": 0.5}).output_dir.name == "a"
     assert pick_run(runs, "acl", seed=1, like=base) is None
+    # without a preference, the run closest to `like` wins (here: same lambda as base, 0.1)
+    assert pick_run(runs, "acl", like=base).output_dir.name == "b"
+    pooled = runs + [TrainResult(base.replace(objective="acl", lam=0.1, pooling="mean"), {}, output_dir=tmp_path / "0")]
+    assert pick_run(pooled, "acl", like=base, prefer={"lam": 0.1}).output_dir.name == "b"
     assert pick_run(runs, "ce", like=base) is None
