@@ -77,6 +77,13 @@ def history_frame(results: Iterable[TrainResult]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def evals_frame(results: Iterable[TrainResult]) -> pd.DataFrame:
+    """One row per periodic dev evaluation of each run: objective, seed, lam, step, score (final exit's main metric)."""
+    rows = [{"objective": r.config.objective, "seed": r.config.seed, "lam": r.config.lam, "step": e["step"],
+             "score": e["score"]} for r in results for e in r.evals]
+    return pd.DataFrame(rows, columns=["objective", "seed", "lam", "step", "score"])
+
+
 def per_exit_frame(results: Iterable[TrainResult], split: str = "dev") -> pd.DataFrame:
     """Long table of per-exit metrics: objective, seed, layer, and each metric of that exit."""
     rows = []

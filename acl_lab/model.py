@@ -12,7 +12,6 @@ and the label embeddings, the rows of W^k (PAPER.md, "Notation").
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,7 +215,3 @@ def describe(model: MultiExitClassifier) -> dict:
         "pooling": model.pooling,
         "vocab_size": getattr(cfg, "vocab_size", None),
     }
-
-
-def describe_json(model: MultiExitClassifier) -> str:
-    return json.dumps(describe(model), sort_keys=True)

@@ -4,13 +4,13 @@ Every function accepts an optional matplotlib ``ax`` (or ``axes``) to draw into 
 returns the :class:`~matplotlib.figure.Figure`, so a notebook can save it with
 :func:`acl_lab.notebook.save_figure`. Inputs are what runs leave behind: the tables
 of :mod:`acl_lab.experiments` (``results_frame``, ``history_frame``,
-``per_exit_frame``), :func:`evals_frame`, the long angle table of
+``per_exit_frame``), :func:`acl_lab.experiments.evals_frame`, the long angle table of
 :func:`acl_lab.alignment.angle_long_frame`, and 2-D projections of representation
 dumps. Nothing here touches a model or a training loop.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -136,13 +136,6 @@ def angle_phase_plot(long: pd.DataFrame, ax=None, title: str | None = None):
 # ---------------------------------------------------------------------------
 # comparing objectives (notebook 02)
 # ---------------------------------------------------------------------------
-
-def evals_frame(results: Iterable[Any]) -> pd.DataFrame:
-    """One row per periodic dev evaluation of each run: objective, seed, lam, step, score (final exit's main metric)."""
-    rows = [{"objective": r.config.objective, "seed": r.config.seed, "lam": r.config.lam, "step": e["step"],
-             "score": e["score"]} for r in results for e in r.evals]
-    return pd.DataFrame(rows, columns=["objective", "seed", "lam", "step", "score"])
-
 
 def training_curves(history: pd.DataFrame, evals: pd.DataFrame | None = None, metric: str = "accuracy",
                     loss_column: str = "ce", window: int = 5, axes: Sequence[Any] | None = None):

@@ -403,10 +403,7 @@ def main(argv=None) -> int:
     if "timing" in out and "agreement" in out:
         print_targets(out, say)
 
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(out, indent=2) + "\n")
-    txt_path.write_text("\n".join(say.lines) + "\n")
-    print(f"\nwrote {json_path} and {txt_path}")
+    say.save(out, json_path, txt_path)
     return 0
 
 

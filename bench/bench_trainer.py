@@ -76,7 +76,6 @@ wall-clock speed-up with at most 0.01 accuracy lost (target >= 2x).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -402,10 +401,7 @@ def main(argv=None) -> int:
     if not args.work_dir:
         shutil.rmtree(work, ignore_errors=True)
 
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(out, indent=2) + "\n")
-    txt_path.write_text("\n".join(say.lines) + "\n")
-    print(f"\nwrote {json_path} and {txt_path}")
+    say.save(out, json_path, txt_path)
     return 0
 
 

@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 from acl_lab import objectives
 from acl_lab.config import OBJECTIVES
