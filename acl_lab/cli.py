@@ -1,4 +1,4 @@
-"""Command line: ``python -m acl_lab {fetch,train,early-exit,batch,suite} ...``.
+"""Command line: ``python -m acl_lab {fetch,train,early-exit,batch,suite,evidence} ...``.
 
 Every :class:`~acl_lab.errors.AclLabError` is printed as one line with its fix,
 without a traceback, and exits with status 2.
@@ -93,7 +93,31 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "(default: all)")
     p.add_argument("--kernel", default=None, help="Jupyter kernel (default: acl-lab if registered, else python3)")
     p.add_argument("--no-resume", action="store_true", help="run every notebook again, even completed ones")
+
+    p = sub.add_parser("evidence", help="run the paper's comparisons on the offline tasks and write docs/results "
+                                        "(restartable); --report-only redraws the figures from the saved files",
+                       description="Example: python -m acl_lab evidence --tasks rt-polarity --seeds 0,1,2 "
+                                   "--parts pilot,single. Trains into --runs-home (reusing finished runs with the "
+                                   "same config), writes CSV/JSON to --results after each part, then the figures "
+                                   "and tables.md.")
+    p.add_argument("--tasks", default="rt-polarity,rt-3way", help="comma-separated (default: rt-polarity,rt-3way)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated (default: 0,1,2)")
+    p.add_argument("--parts", default=",".join(_evidence_parts()),
+                   help=f"comma-separated, in order (default: {','.join(_evidence_parts())})")
+    p.add_argument("--preset", default="quick", help="training scale of every run (default: quick)")
+    p.add_argument("--lambdas", default="0.1,1.0", help="sensitivity grid (default: 0.1,1.0)")
+    p.add_argument("--runs-home", type=Path, default=Path("outputs/evidence"),
+                   help="where runs and checkpoints go (runs/ inside; default: outputs/evidence)")
+    p.add_argument("--results", type=Path, default=Path("docs/results"), help="small files for the docs "
+                                                                             "(default: docs/results)")
+    p.add_argument("--report-only", action="store_true", help="train nothing: redraw figures and tables.md")
     return parser
+
+
+def _evidence_parts() -> tuple[str, ...]:
+    from .evidence import PARTS
+
+    return PARTS
 
 
 def _cmd_fetch(args) -> None:
@@ -179,8 +203,28 @@ def _cmd_suite(args) -> int:
     return int((df["status"] == "failed").any())
 
 
+def _numbers(text: str, kind, flag: str) -> list:
+    try:
+        return [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise AclLabError(f"{flag} {text!r} is not a comma-separated list of {kind.__name__}s. "
+                          f"Fix: e.g. {flag} {'0,1,2' if kind is int else '0.1,1.0'}.") from None
+
+
+def _cmd_evidence(args) -> int:
+    from .evidence import EvidencePlan, build_report, run_evidence
+
+    if not args.report_only:
+        plan = EvidencePlan(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
+                            seeds=_numbers(args.seeds, int, "--seeds"), preset=args.preset,
+                            lambdas=_numbers(args.lambdas, float, "--lambdas"))
+        run_evidence(plan, args.runs_home, args.results, parts=[p.strip() for p in args.parts.split(",") if p.strip()])
+    print(f"wrote {build_report(args.results)} and {args.results / 'figures'}/")
+    return 0
+
+
 COMMANDS = {"fetch": _cmd_fetch, "train": _cmd_train, "early-exit": _cmd_early_exit, "batch": _cmd_batch,
-            "suite": _cmd_suite}
+            "suite": _cmd_suite, "evidence": _cmd_evidence}
 
 
 def main(argv: list[str] | None = None) -> int:

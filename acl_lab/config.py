@@ -71,6 +71,7 @@ class TrainConfig:
     angle_scope: str = "all"
     exit_weights: str = "uniform"
     probe_angles: bool = False  # pilot study: log angles of grad(CE) vs grad(SCL) and grad(ACL-Embed) every step
+    probe_every: int = 1  # with probe_angles: probe steps 1, 1+k, 1+2k, ... (a probe costs about two steps)
     # evaluation and checkpoints
     eval_every: int | None = None
     save_checkpoints: bool = True
@@ -117,7 +118,7 @@ class TrainConfig:
             raise bad_value("temperature", self.temperature, "a number > 0 (typically 0.05 to 0.5)", "set --temperature 0.1.")
         if not 0.0 <= self.threshold <= 180.0:
             raise bad_value("threshold", self.threshold, "degrees in [0, 180]", "set --threshold 90 (the paper's default).")
-        for name in ("max_length", "batch_size", "grad_accum"):
+        for name in ("max_length", "batch_size", "grad_accum", "probe_every"):
             _at_least(self, name, 1, f"{name} must be a positive integer.")
         for name in ("max_train_samples", "max_eval_samples", "max_steps", "eval_every", "num_threads"):
             if getattr(self, name) is not None:

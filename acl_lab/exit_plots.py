@@ -125,7 +125,7 @@ def plot_layer_scores(per_exit: pd.DataFrame, metric: str = "accuracy", title: s
 # finding runs and sweeping early exit
 # ---------------------------------------------------------------------------
 
-MATCH_FIELDS = ("task", "model", "max_steps", "max_train_samples", "max_eval_samples", "max_length", "batch_size")
+MATCH_FIELDS = ("task", "model", "pooling", "max_steps", "max_train_samples", "max_eval_samples", "max_length", "batch_size")
 
 
 def majority_rate(labels: Iterable) -> float:

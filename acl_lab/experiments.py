@@ -1,7 +1,7 @@
 """Run many configs and gather their results into tables: what the notebooks call to compare objectives.
 
 Each run goes to ``<root>/runs/<objective>-s<seed>-<hash>``, where the hash is taken
-over every field that changes what the run computes. So re-running a notebook
+over every field that changes what the run computes (and differs from its default). So re-running a notebook
 reuses finished runs, resumes interrupted ones, and never mixes two configs.
 """
 from __future__ import annotations
@@ -18,8 +18,13 @@ from .trainer import TrainResult, load_result, train
 
 
 def run_name(cfg: TrainConfig) -> str:
-    """A readable, unique folder name for ``cfg`` (objective, seed, and a hash of the rest)."""
-    fields = {k: v for k, v in cfg.to_dict().items() if k not in RUNTIME_FIELDS}
+    """A readable, unique folder name for ``cfg`` (objective, seed, and a hash of the rest).
+
+    Only fields that differ from :class:`TrainConfig`'s defaults enter the hash, so adding a
+    new field (with a default that keeps the old behaviour) leaves existing run names valid.
+    """
+    defaults = TrainConfig().to_dict()
+    fields = {k: v for k, v in cfg.to_dict().items() if k not in RUNTIME_FIELDS and v != defaults.get(k, object())}
     digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
     return f"{cfg.objective}-s{cfg.seed}-{digest}"
 

@@ -21,8 +21,8 @@ from conftest import NOTEBOOKS, notebook_result
 MINE = ("04_multi_exit_acl_cl", "05_early_exit", "06_sensitivity", "07_classroom_widgets")
 MULTI_EXIT = ("me-ce", "me-acl", "me-acl-cl")
 EXTRA_PARAMETERS = {
-    "04_multi_exit_acl_cl": ("OBJECTIVES", "LAMBDA", "MU", "EXIT_WEIGHTS"),
-    "05_early_exit": ("MODELS", "CRITERION", "THRESHOLDS", "PATIENCES", "MAX_DROP", "REPEATS"),
+    "04_multi_exit_acl_cl": ("OBJECTIVES", "LAMBDA", "MU", "EXIT_WEIGHTS", "POOLING"),
+    "05_early_exit": ("MODELS", "POOLING", "CRITERION", "THRESHOLDS", "PATIENCES", "MAX_DROP", "REPEATS"),
     "06_sensitivity": ("OBJECTIVES", "LAMBDAS", "TEMPERATURES", "NOTEBOOK", "TIMEOUT"),
     "07_classroom_widgets": ("THRESHOLD", "LAMBDA", "TEMPERATURE", "LIVE_STEPS", "TRAIN_LIVE_NOW"),
 }

@@ -137,3 +137,23 @@ def test_interrupted_then_resumed_equals_uninterrupted(tiny_config, tmp_path):
     rows = lambda p: [(r["step"], r["loss"], r["angle"]) for r in map(json.loads, p.read_text().splitlines())
                       if r.get("event") != "eval"]
     assert rows(full / "history.jsonl") == rows(cut / "history.jsonl")
+
+
+def test_probe_every_k_probes_steps_1_plus_multiples_of_k_and_leaves_training_alone(tiny_config, tmp_path):
+    cfg = tiny_config.replace(objective="ce", max_steps=7)
+    plain = train(cfg.replace(output_dir=str(tmp_path / "plain")), progress=False)
+    every = train(cfg.replace(output_dir=str(tmp_path / "every"), probe_angles=True), progress=False)
+    third = train(cfg.replace(output_dir=str(tmp_path / "third"), probe_angles=True, probe_every=3), progress=False)
+    assert [r["step"] for r in every.history if "angle_scl" in r] == list(range(1, 8))
+    assert [r["step"] for r in third.history if "angle_scl" in r] == [1, 4, 7]
+    assert all("angle_acl_embed" in r for r in third.history if "angle_scl" in r)
+    assert not any("angle_scl" in r for r in plain.history)
+    # probing reads gradients but must not change the training trajectory
+    assert [r["loss"] for r in plain.history] == [r["loss"] for r in every.history] == [r["loss"] for r in third.history]
+    assert [r["angle_scl"] for r in every.history if r["step"] in (1, 4, 7)] == \
+        [r["angle_scl"] for r in third.history if "angle_scl" in r]
+
+
+def test_probe_every_must_be_positive(tiny_config):
+    with pytest.raises(AclLabError, match="probe_every"):
+        tiny_config.replace(probe_every=0).validate()
