@@ -156,11 +156,7 @@ def _cmd_early_exit(args) -> None:
     task = get_task(cfg.task)
     defaults = {"entropy": "0.05,0.1,0.2,0.3,0.4,0.5,0.6", "maxprob": "0.99,0.95,0.9,0.8,0.7,0.6",
                 "patience": "0,1,2,3,4,5"}
-    text = args.thresholds or defaults.get(args.criterion, "")
-    try:
-        thresholds = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise AclLabError(f"--thresholds {text!r} is not a comma-separated list of numbers. Fix: e.g. 0.1,0.2,0.3") from None
+    thresholds = _numbers(args.thresholds or defaults.get(args.criterion, ""), float, "--thresholds")
     data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, max_eval_samples=cfg.max_eval_samples,
                      seed=cfg.seed)
     if args.split not in data:
@@ -208,7 +204,7 @@ def _numbers(text: str, kind, flag: str) -> list:
         return [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise AclLabError(f"{flag} {text!r} is not a comma-separated list of {kind.__name__}s. "
-                          f"Fix: e.g. {flag} {'0,1,2' if kind is int else '0.1,1.0'}.") from None
+                          f"Fix: e.g. {flag} {'0,1,2' if kind is int else '0.1,0.2,0.3'}.") from None
 
 
 def _cmd_evidence(args) -> int:

@@ -150,14 +150,15 @@ def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | P
     for part in parts:
         frames = []
         old = results_dir / FILES[part]
-        kept = pd.read_csv(old) if old.exists() else pd.DataFrame()
-        for task in plan.tasks:
+        kept = pd.read_csv(old) if old.exists() else None
+        for i, task in enumerate(plan.tasks):
             t0 = time.perf_counter()
             frames.append(run_part(plan, part, task, runs_home, results_dir, progress=progress))
             meta["seconds"][f"{part}/{task}"] = round(time.perf_counter() - t0, 1)
-            # rows of other tasks from an earlier session stay; this task's rows are replaced
-            keep = kept[~kept["task"].isin([f["task"].iloc[0] for f in frames if len(f)])] if len(kept) else kept
-            written[part] = _save_part(results_dir, part, pd.concat([keep, *frames], ignore_index=True))
+            # rows of other tasks from an earlier session stay; the rows of the tasks run now are replaced
+            keep = kept[~kept["task"].isin(plan.tasks[:i + 1])] if kept is not None else None
+            earlier = [keep] if keep is not None and len(keep) else []  # no empty frame: it would turn ints to floats
+            written[part] = _save_part(results_dir, part, pd.concat([*earlier, *frames], ignore_index=True))
             meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
             meta_path.write_text(json.dumps(meta, indent=1) + "\n")
     return written
@@ -172,37 +173,31 @@ def _read(results_dir: Path, part: str) -> pd.DataFrame | None:
     return pd.read_csv(path) if path.exists() else None
 
 
-def _md(df: pd.DataFrame) -> str:
-    from .batch import markdown_table
-
-    return markdown_table(df)
-
-
 def _pm(mean: float, sd: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
+def _over_seeds(values: pd.Series, digits: int = 3) -> str:
+    """``mean ± sd`` of one value per seed (sd 0 with one seed)."""
+    from .exit_plots import _sd
+
+    return _pm(values.mean(), _sd(values), digits)
+
+
 def pilot_tables(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per task and probe: fraction of batches over 90 degrees and median angle (mean ± sd over seeds), overall and
-    per third of training."""
-    from .alignment import per_seed_conflict
+    per third of training (:func:`acl_lab.alignment.conflict_summary` and ``phase_summary``, formatted)."""
+    from .alignment import conflict_summary, phase_summary
 
-    rows, phase_rows = [], []
-    for (task, probe), d in df.groupby(["task", "probe"], sort=False):
-        s = per_seed_conflict(d)
-        rows.append({"task": task, "probe": probe, "seeds": len(s), "batches": int(s["batches"].sum()),
-                     "over 90°": _pm(s["frac_over_90"].mean(), s["frac_over_90"].std(ddof=1) if len(s) > 1 else 0),
-                     "median angle (°)": _pm(s["median_angle"].mean(),
-                                             s["median_angle"].std(ddof=1) if len(s) > 1 else 0, 1)})
-        for phase in ("early", "middle", "late"):
-            p = per_seed_conflict(d[d["phase"] == phase])
-            if len(p):
-                phase_rows.append({"task": task, "probe": probe, "third": phase,
-                                   "over 90°": _pm(p["frac_over_90"].mean(),
-                                                   p["frac_over_90"].std(ddof=1) if len(p) > 1 else 0),
-                                   "median angle (°)": _pm(p["median_angle"].mean(),
-                                                           p["median_angle"].std(ddof=1) if len(p) > 1 else 0, 1)})
-    return pd.DataFrame(rows), pd.DataFrame(phase_rows)
+    def cells(s: pd.DataFrame) -> dict[str, list[str]]:
+        return {"over 90°": [_pm(m, sd) for m, sd in zip(s["frac_over_90_mean"], s["frac_over_90_sd"])],
+                "median angle (°)": [_pm(m, sd, 1) for m, sd in zip(s["median_angle_mean"], s["median_angle_sd"])]}
+
+    by = ("task", "probe")
+    overall = conflict_summary(df, by)
+    phases = phase_summary(df, by)
+    return (overall[[*by, "seeds", "batches"]].assign(**cells(overall)),
+            phases[list(by)].assign(third=phases["phase"], **cells(phases)))
 
 
 def single_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
@@ -211,10 +206,9 @@ def single_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
     for (task, objective), d in df.groupby(["task", "objective"], sort=False):
         row = {"task": task, "objective": objective, "seeds": len(d)}
         for split in ("dev", "test"):
-            v = d[f"{split}_{metric}"]
-            row[f"{split} {metric}"] = _pm(v.mean(), v.std(ddof=1) if len(v) > 1 else 0)
+            row[f"{split} {metric}"] = _over_seeds(d[f"{split}_{metric}"])
         rate = d["drop_rate"].dropna()
-        row["ACL-Grad drop rate"] = _pm(rate.mean(), rate.std(ddof=1) if len(rate) > 1 else 0) if len(rate) else "-"
+        row["ACL-Grad drop rate"] = _over_seeds(rate) if len(rate) else "-"
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -244,11 +238,9 @@ def early_table(df: pd.DataFrame, metric: str = "accuracy", max_drop: float = 0.
                           for seed, s in d.groupby("seed")])
         full = d.groupby("seed")[f"full_{metric}"].first()
         rows.append({"task": task, "objective": objective, "seeds": len(best),
-                     f"full-model {metric}": _pm(full.mean(), full.std(ddof=1) if len(full) > 1 else 0),
-                     f"wall speed-up at <= {max_drop:g} lost": _pm(best["wall_speedup"].mean(),
-                                                                   best["wall_speedup"].std(ddof=1) if len(best) > 1 else 0, 2),
-                     "layer speed-up": _pm(best["layer_speedup"].mean(),
-                                           best["layer_speedup"].std(ddof=1) if len(best) > 1 else 0, 2),
+                     f"full-model {metric}": _over_seeds(full),
+                     f"wall speed-up at <= {max_drop:g} lost": _over_seeds(best["wall_speedup"], 2),
+                     "layer speed-up": _over_seeds(best["layer_speedup"], 2),
                      "settings chosen": ", ".join(f"{c} {t:g}" if c != "full model" else c
                                                   for c, t in zip(best["criterion"], best["threshold"])),
                      "max layer speed-up seen": round(float(d["layer_speedup"].max()), 2)})
@@ -262,8 +254,7 @@ def sensitivity_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFram
         means = d.groupby("lam")[f"dev_{metric}"].mean()
         row = {"task": task, "objective": objective}
         for lam, g in d.groupby("lam"):
-            v = g[f"dev_{metric}"]
-            row[f"λ={lam:g}"] = _pm(v.mean(), v.std(ddof=1) if len(v) > 1 else 0)
+            row[f"λ={lam:g}"] = _over_seeds(g[f"dev_{metric}"])
         row["range over λ"] = round(float(means.max() - means.min()), 4)
         row["seeds"] = int(d["seed"].nunique())
         rows.append(row)
@@ -277,6 +268,7 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .batch import markdown_table
     from .exit_plots import plot_early_exit, plot_layer_scores, plot_sensitivity
     from .notebook import save_figure
     from .plots import angle_curves, angle_histogram
@@ -293,7 +285,7 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
     if pilot is not None:
         overall, phases = pilot_tables(pilot)
         out += ["## Pilot study: angle between grad(CE) and the contrastive gradient (CE training)", "",
-                _md(overall), "", "Per third of training:", "", _md(phases), ""]
+                markdown_table(overall), "", "Per third of training:", "", markdown_table(phases), ""]
         for task, d in pilot.groupby("task", sort=False):
             fig, axes = plt.subplots(1, 2, figsize=(13, 4))
             angle_histogram(d, ax=axes[0], title=f"Angle to grad(CE), all probed batches ({task})")
@@ -304,11 +296,11 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
 
     single = _read(results_dir, "single")
     if single is not None:
-        out += ["## Single-exit objectives", "", _md(single_table(single, metric)), ""]
+        out += ["## Single-exit objectives", "", markdown_table(single_table(single, metric)), ""]
 
     multi = _read(results_dir, "multi")
     if multi is not None:
-        out += ["## Multi-exit objectives", "", _md(multi_table(multi, metric)), ""]
+        out += ["## Multi-exit objectives", "", markdown_table(multi_table(multi, metric)), ""]
         for task, d in multi[multi["split"] == "dev"].groupby("task", sort=False):
             fig = plot_layer_scores(d, metric, title=f"Dev {metric} per exit ({task}, mean ± sd over seeds)")
             save_figure(fig, results_dir, f"multi_exit_{task}")
@@ -318,7 +310,7 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
     if early is not None:
         drop = (meta.get("plan") or {}).get("max_drop", 0.01)
         out += [f"## Early exit (fastest setting losing at most {drop:g}, per seed, then mean ± sd)", "",
-                _md(early_table(early, metric, drop)), ""]
+                markdown_table(early_table(early, metric, drop)), ""]
         for task, d in early.groupby("task", sort=False):
             mean = d.groupby(["objective", "criterion", "threshold"], sort=False).mean(numeric_only=True).reset_index()
             fig = plot_early_exit(mean, metric, title=f"Early exit on {task}: {metric} against speed-up, mean over "
@@ -328,7 +320,7 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
 
     sens = _read(results_dir, "sensitivity")
     if sens is not None:
-        out += ["## Sensitivity to lambda (dev)", "", _md(sensitivity_table(sens, metric)), ""]
+        out += ["## Sensitivity to lambda (dev)", "", markdown_table(sensitivity_table(sens, metric)), ""]
         for task, d in sens.groupby("task", sort=False):
             long = d.rename(columns={f"dev_{metric}": "value"})[["objective", "lam", "seed", "value"]]
             fig = plot_sensitivity(long, metric=metric, title=f"Dev {metric} against lambda ({task})")
@@ -339,7 +331,7 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
         out += ["## Where and how long", "", f"Machine: {meta['machine']['platform']}, "
                 f"{meta['machine']['cpu_count']} CPU(s), device {meta['machine']['device']}, torch "
                 f"{meta['machine']['versions'].get('torch', '?')}.", "",
-                _md(pd.DataFrame([{"part/task": k, "seconds": v} for k, v in meta.get("seconds", {}).items()])), ""]
+                markdown_table(pd.DataFrame([{"part/task": k, "seconds": v} for k, v in meta.get("seconds", {}).items()])), ""]
     path = results_dir / "tables.md"
     path.write_text("\n".join(out))
     return path
