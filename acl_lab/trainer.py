@@ -168,8 +168,8 @@ def _make_gate(model: MultiExitClassifier, cfg: TrainConfig) -> ACLGrad:
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.angle_scope == "all":
         return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope="all")
-    if cfg.angle_scope == "repr":
-        return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope="repr")
+    if cfg.angle_scope in ("repr", "screened"):
+        return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope=cfg.angle_scope)
     scope_params = model.head_parameters() if cfg.angle_scope == "head" else model.top_layer_parameters()
     return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope="params", scope_params=scope_params)
 
@@ -267,6 +267,8 @@ def train(config: TrainConfig | dict, resume: bool = False, overwrite: bool = Fa
         scheduler.load_state_dict(state["scheduler"])
     cfg.to_json(out / "config.json")
     history = _History(out / "history.jsonl", keep_until=state["step"])
+    if gate is not None:
+        gate.restore(history.steps)  # a resumed screened gate rebuilds its calibration from the log
 
     def checkpoint_last() -> None:
         if cfg.save_checkpoints:
@@ -374,7 +376,7 @@ def _train_step(model, group, cfg: TrainConfig, task: TaskSpec, device, dtype, o
         scale_fn = (lambda t: scaler.scale(t) * scale) if scaler is not None else scale
         if gate is not None and lp.aux is not None:
             rec = gate.backward(lp.ce, lp.aux, scale=scale_fn, scope_tensors=out.reps)
-            row.update(cos=rec.cos, angle=rec.angle, kept=bool(rec.kept))
+            row.update(rec.log_fields())
         else:
             (scale_fn(total) if callable(scale_fn) else total * scale_fn).backward()
         rows.append(row)

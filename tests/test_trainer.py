@@ -42,7 +42,7 @@ def test_every_objective_runs_and_loss_falls(tiny_config, objective):
     assert result.paths["representations"].exists()
 
 
-@pytest.mark.parametrize("scope", ["all", "top-layer", "head", "repr"])
+@pytest.mark.parametrize("scope", ["all", "top-layer", "head", "repr", "screened"])
 def test_acl_grad_on_multi_exit_with_every_scope(tiny_config, scope):
     cfg = tiny_config.replace(objective="me-acl-cl", acl_grad=True, angle_scope=scope, max_steps=3, threshold=60.0)
     result = train(cfg, progress=False)
@@ -157,3 +157,49 @@ def test_probe_every_k_probes_steps_1_plus_multiples_of_k_and_leaves_training_al
 def test_probe_every_must_be_positive(tiny_config):
     with pytest.raises(AclLabError, match="probe_every"):
         tiny_config.replace(probe_every=0).validate()
+
+
+def _quick_screen(monkeypatch):
+    """Build the trainer's screened gate with a 2-pair warm-up, so a short tiny run takes both paths."""
+    from acl_lab import trainer as trainer_mod
+    from acl_lab.grad import ACLGrad, ScreenRule
+
+    def make_gate(model, cfg):
+        params = [p for p in model.parameters() if p.requires_grad]
+        return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope="screened",
+                       screen=ScreenRule(warmup=2, quantile=0.5, slack=0.0, floor=0.5))
+
+    monkeypatch.setattr(trainer_mod, "_make_gate", make_gate)
+
+
+def test_screened_gate_logs_both_paths_and_resumes_its_calibration(tiny_config, tmp_path, monkeypatch):
+    """history.jsonl holds path and angles of every screened decision; a resumed run rebuilds the margin from it."""
+    _quick_screen(monkeypatch)
+    cfg = tiny_config.replace(objective="acl", angle_scope="screened", max_steps=12, eval_every=4, threshold=60.0)
+    full = train(cfg.replace(output_dir=str(tmp_path / "full")), progress=False)
+    rows = full.history
+    paths = [bool(r["exact_path"]) for r in rows]
+    assert paths[:2] == [True, True] and not all(paths), paths  # warm-up exact, then some cheap decisions
+    for r in rows:
+        assert r["kept"] == (r["angle"] <= 60.0) and 0 <= r["cheap_angle"] <= 180
+        assert (r["exact_angle"] == r["angle"]) if r["exact_path"] else (r["exact_angle"] != r["exact_angle"])
+    assert rows[0]["margin"] == float("inf") and all(r["margin"] >= 0.5 for r in rows[2:])
+
+    from acl_lab import trainer as trainer_mod
+    original, calls = trainer_mod._train_step, []
+
+    def stop_after_step_5(*a, **kw):  # a Ctrl-C during step 5: the trainer stops at the step boundary
+        calls.append(1)
+        if len(calls) == 5:
+            signal.raise_signal(signal.SIGINT)
+        return original(*a, **kw)
+
+    monkeypatch.setattr(trainer_mod, "_train_step", stop_after_step_5)
+    cut = cfg.replace(output_dir=str(tmp_path / "cut"))
+    with pytest.raises(KeyboardInterrupt):
+        train(cut, progress=False)
+    monkeypatch.setattr(trainer_mod, "_train_step", original)
+    resumed = train(cut, resume=True, progress=False)
+    keys = ("loss", "angle", "kept", "exact_path", "cheap_angle", "margin")
+    assert [[r[k] for k in keys] for r in resumed.history] == [[r[k] for k in keys] for r in rows]
+    assert resumed.metrics["dev"] == full.metrics["dev"]
