@@ -53,6 +53,7 @@ class TrainConfig:
     max_length: int = 64
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
+    group_by_length: bool = False  # batches of similar length (HF's LengthGroupedSampler): less padding per step
     # optimisation
     batch_size: int = 32
     lr: float = 5e-5

@@ -291,7 +291,7 @@ def train(config: TrainConfig | dict, resume: bool = False, overwrite: bool = Fa
         with _StopFlag() as stop:
             while state["step"] < total_steps:
                 loader = make_loader(enc["train"], tokenizer, cfg.batch_size, shuffle=True,
-                                     seed=cfg.seed * 1000 + state["epoch"])
+                                     seed=cfg.seed * 1000 + state["epoch"], group_by_length=cfg.group_by_length)
                 batches = iter(loader)
                 for _ in range(state["micro_in_epoch"]):
                     next(batches)

@@ -203,3 +203,29 @@ def test_screened_gate_logs_both_paths_and_resumes_its_calibration(tiny_config, 
     keys = ("loss", "angle", "kept", "exact_path", "cheap_angle", "margin")
     assert [[r[k] for k in keys] for r in resumed.history] == [[r[k] for k in keys] for r in rows]
     assert resumed.metrics["dev"] == full.metrics["dev"]
+
+
+def test_length_grouped_run_resumes_to_the_same_steps(tiny_config, tmp_path, monkeypatch):
+    """group_by_length: the batch order is a function of the seed, so a run interrupted mid-epoch resumes exactly."""
+    from acl_lab import trainer as trainer_mod
+
+    cfg = tiny_config.replace(group_by_length=True, max_steps=10, eval_every=5)
+    full = train(cfg.replace(output_dir=str(tmp_path / "full")), progress=False)
+    plain = train(cfg.replace(group_by_length=False, output_dir=str(tmp_path / "plain")), progress=False)
+    assert [r["loss"] for r in full.history] != [r["loss"] for r in plain.history]  # the option changes the order
+    original, calls = trainer_mod._train_step, []
+
+    def stop_after_step_3(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            signal.raise_signal(signal.SIGINT)
+        return original(*a, **kw)
+
+    monkeypatch.setattr(trainer_mod, "_train_step", stop_after_step_3)
+    cut = cfg.replace(output_dir=str(tmp_path / "cut"))
+    with pytest.raises(KeyboardInterrupt):
+        train(cut, progress=False)
+    monkeypatch.setattr(trainer_mod, "_train_step", original)
+    resumed = train(cut, resume=True, progress=False)
+    assert [(r["step"], r["loss"]) for r in resumed.history] == [(r["step"], r["loss"]) for r in full.history]
+    assert resumed.metrics["dev"] == full.metrics["dev"]
