@@ -361,7 +361,7 @@ def main(argv=None) -> int:
     p.add_argument("--skip-agreement", action="store_true")
     p.add_argument("--skip-screened", action="store_true")
     p.add_argument("--screen-steps", type=int, default=None, help="[3] screened fine-tuning steps (default 60; quick 6)")
-    p.add_argument("--screen-batches", type=int, default=None, help="[3] fixed timing batches (default 2; quick 1)")
+    p.add_argument("--screen-batches", type=int, default=None, help="[3] fixed timing batches (default 3; quick 1)")
     p.add_argument("--screen-rounds", type=int, default=None, help="[3] timing rounds (default 2; quick 1)")
     p.add_argument("--reanalyse", action="store_true",
                    help="recompute the agreement figures from the angles saved in --json and rewrite the report (no runs)")
@@ -372,7 +372,7 @@ def main(argv=None) -> int:
     args.warmup = args.warmup if args.warmup is not None else (1 if q else 3)
     args.agree_steps = args.agree_steps or (8 if q else 100)
     args.screen_steps = args.screen_steps or (6 if q else 60)
-    args.screen_batches = args.screen_batches or (1 if q else 2)
+    args.screen_batches = args.screen_batches or (1 if q else 3)
     args.screen_rounds = args.screen_rounds or (1 if q else 2)
     torch.set_num_threads(args.threads)
     json_path = Path(args.json)
