@@ -299,7 +299,7 @@ class ACLGrad:
             are ignored, repeats are dropped).
         lam: weight lambda >= 0 of the auxiliary loss.
         threshold: angle threshold in degrees, in [0, 180] (default 90).
-        scope: "all", "params" or "repr".
+        scope: "all", "params", "repr" or "screened".
         scope_params: the parameter subset for ``scope="params"`` (required
             there, not allowed otherwise).
         screen: the calibration rule of ``scope="screened"`` (default
