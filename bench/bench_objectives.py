@@ -6,7 +6,7 @@ Commands (from the repository root)::
                                                           # 47 min with load average 6-10)
     .venv/bin/python bench/bench_objectives.py --quick    # sanity run (about 3 min)
     .venv/bin/python bench/bench_objectives.py --reanalyse  # recompute the agreement table from the saved JSON
-    # part 3 alone, the screened exact gate (about 9 min on a loaded 2-core machine):
+    # part 3 alone, the screened exact gate (23 min with load average 10-14 on 2 cores):
     .venv/bin/python bench/bench_objectives.py --skip-timing --skip-agreement \
         --json bench/results/objectives_screened.json
 
