@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from .errors import AclLabError, bad_value
-from .model import POOLINGS
 
 SINGLE_EXIT_OBJECTIVES = ("ce", "ce+scl", "acl-embed", "acl")
 MULTI_EXIT_OBJECTIVES = ("me-ce", "me-acl", "me-acl-cl")
@@ -23,6 +22,9 @@ EXIT_WEIGHTS = ("uniform", "ascending", "descending")
 ANGLE_SCOPES = ("all", "top-layer", "head", "repr")
 ANCHORS = ("all", "samples")
 AMP = ("auto", "off", "bf16", "fp16")
+POOLINGS = ("cls", "mean")  # exit representation: first token (the paper) or the mean over real tokens
+#: the pilot study's conflict line and the default ACL-Grad threshold: above 90 degrees two gradients point apart
+CONFLICT_DEGREES = 90.0
 
 
 @dataclass
@@ -67,7 +69,7 @@ class TrainConfig:
     temperature: float = 0.1
     anchors: str = "all"
     acl_grad: bool | None = None
-    threshold: float = 90.0
+    threshold: float = CONFLICT_DEGREES
     angle_scope: str = "all"
     exit_weights: str = "uniform"
     probe_angles: bool = False  # pilot study: log angles of grad(CE) vs grad(SCL) and grad(ACL-Embed) every step

@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .config import POOLINGS
 from .errors import AclLabError
 from .hub import hub_unreachable_reason
 
 OFFLINE_DEFAULT = "minilm-l6"
 TINY = "tiny"
 KNOWN_SHORT_NAMES = (OFFLINE_DEFAULT, TINY)
-POOLINGS = ("cls", "mean")
 TINY_CONFIG = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
                    max_position_embeddings=128, type_vocab_size=2)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from acl_lab.errors import AclLabError
-from acl_lab.evidence import FILES, PARTS, EvidencePlan, build_report, run_evidence
+from acl_lab.lab.evidence import FILES, PARTS, EvidencePlan, build_report, run_evidence
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_report_is_rebuilt_from_files_alone(evidence):
 
 
 def test_single_table_is_mean_and_sd_over_seeds(evidence):
-    from acl_lab.evidence import single_table
+    from acl_lab.lab.evidence import single_table
 
     df = pd.DataFrame({"task": "t", "objective": "ce", "seed": [0, 1, 2], "dev_accuracy": [0.5, 0.7, 0.9],
                        "test_accuracy": [0.6, 0.6, 0.6], "drop_rate": [None] * 3})

@@ -13,7 +13,9 @@ import nbformat
 import pandas as pd
 import pytest
 
-from acl_lab import exit_plots as X
+from acl_lab.analysis import exits as X
+from acl_lab.analysis import sensitivity as S
+from acl_lab.viz import plots as P
 from acl_lab.errors import AclLabError
 
 from conftest import NOTEBOOKS, notebook_result
@@ -124,7 +126,7 @@ def test_07_widgets_record_gate_and_live_numbers(executed_suite):
 
 
 # ---------------------------------------------------------------------------
-# helpers of acl_lab.exit_plots (no notebook needed)
+# helpers of acl_lab.analysis and acl_lab.viz (no notebook needed)
 # ---------------------------------------------------------------------------
 
 @pytest.fixture
@@ -157,7 +159,7 @@ def test_layer_table_and_plot(per_exit):
     t = X.per_exit_table(per_exit)
     assert list(t.columns) == ["layer 1", "layer 2", "layer 3", "layer 4", "seeds"]
     assert t.loc["me-ce", "layer 1"].startswith("0.655")
-    fig = X.plot_layer_scores(per_exit)
+    fig = P.plot_layer_scores(per_exit)
     ax = fig.axes[0]
     assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title() and len(ax.lines) == 2
     with pytest.raises(AclLabError, match="needs"):
@@ -187,24 +189,24 @@ def test_best_speedup_within_one_point():
 
 
 def test_plot_early_exit_has_both_panels():
-    fig = X.plot_early_exit(_sweep_rows())
+    fig = P.plot_early_exit(_sweep_rows())
     a, b = fig.axes
     assert "wall-clock" in a.get_xlabel() and "layer" in b.get_xlabel() and a.get_ylabel()
     assert a.get_title() and b.get_title()
 
 
-def test_sensitivity_frame_from_batch_results():
-    runs = pd.DataFrame({"name": ["a", "b", "c"], "status": ["completed", "skipped", "failed"],
-                         "LAMBDA": [0.1, 1.0, 0.5], "TEMPERATURE": [0.1, 0.1, 0.1], "SEEDS": ["0", "1", "2"],
-                         "acl.dev_accuracy": [0.8, 0.7, None], "ce+scl.dev_accuracy": [0.75, 0.6, None],
-                         "acl.dev_accuracy_sd": [0.0, 0.0, None]})
-    long = X.sensitivity_frame(runs, ["ce+scl", "acl"])
+def test_sensitivity_frame_from_saved_runs():
+    runs = pd.DataFrame({"objective": ["acl", "ce+scl", "acl", "ce+scl", "ce"], "lam": [0.1, 0.1, 1.0, 1.0, 0.1],
+                         "temperature": [0.1] * 5, "seed": [0, 0, 1, 1, 0],
+                         "dev_accuracy": [0.8, 0.75, 0.7, 0.6, 0.9], "run": list("abcde")})
+    long = S.sensitivity_frame(runs, ["ce+scl", "acl"])
     assert len(long) == 4 and set(long["lam"]) == {0.1, 1.0} and set(long["seed"]) == {0, 1}
     assert long.set_index(["objective", "lam"]).loc[("acl", 1.0), "value"] == 0.7
-    s = X.sensitivity_summary(long)
-    spread = X.sensitivity_spread(s)
-    assert spread.loc["ce+scl", "range_over_lambda"] == pytest.approx(0.15)
-    fig = X.plot_sensitivity(long)
+    assert list(dict.fromkeys(long["objective"])) == ["ce+scl", "acl"]  # in the order asked for
+    s = S.sensitivity_summary(long)
+    spread = S.sensitivity_spread(s)
+    assert abs(spread.loc["ce+scl", "range_over_lambda"] - 0.15) < 1e-12
+    fig = P.plot_sensitivity(long)
     assert fig.axes[0].get_xlabel().startswith("lambda") and fig.axes[0].get_ylabel()
-    with pytest.raises(AclLabError, match="acl-embed.dev_accuracy"):
-        X.sensitivity_frame(runs, ["acl-embed"])
+    with pytest.raises(AclLabError, match="dev_f1"):
+        S.sensitivity_frame(runs, ["acl"], metric="f1")
