@@ -43,7 +43,7 @@ def test_tables_match_the_saved_run_metrics_and_runs_are_shared(evidence):
     res = root / "results"
     single = pd.read_csv(res / FILES["single"])
     for row in single.itertuples():
-        saved = [json.loads(p.read_text()) for p in (res / "runs" / "rt-polarity").glob(f"{row.objective}-s{row.seed}-*.json")]
+        saved = [json.loads(p.read_text()) for p in (res / "run_metrics" / "rt-polarity").glob(f"{row.objective}-s{row.seed}-*.json")]
         assert any(m["dev"]["accuracy"] == row.dev_accuracy and m["config"]["lam"] == 0.1 for m in saved)
     # lambda 0.1 of the sensitivity part is the single-exit run itself (same config, same folder): same numbers
     sens = pd.read_csv(res / FILES["sensitivity"])

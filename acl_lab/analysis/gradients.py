@@ -22,6 +22,8 @@ from .stats import group_summary
 
 #: history columns written with ``probe_angles=True`` and their readable names
 PROBES = {"angle_scl": "CE vs SCL", "angle_acl_embed": "CE vs ACL-Embed"}
+#: readable probe name -> the short key notebooks use in their headline metrics ("CE vs SCL" -> "scl")
+PROBES_KEYS = {name: column.removeprefix("angle_") for column, name in PROBES.items()}
 PHASES = ("early", "middle", "late")
 
 

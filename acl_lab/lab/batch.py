@@ -474,7 +474,8 @@ def run_grid(grid: str | Path | Mapping[str, Any], resume: bool = True, progress
 
 
 def run_suite(preset: str = "quick", output_dir: str | Path | None = None, notebooks: list[str] | None = None,
-              kernel_name: str | None = None, resume: bool = True, progress: bool = True) -> pd.DataFrame:
+              kernel_name: str | None = None, resume: bool = True, progress: bool = True,
+              timeout: int | None = None) -> pd.DataFrame:
     """Run the kit's notebooks in numbered order with ``PRESET=preset`` and one shared artifacts folder.
 
     ``output_dir`` (default ``outputs/suite-<preset>``) receives the executed copies
@@ -504,7 +505,7 @@ def run_suite(preset: str = "quick", output_dir: str | Path | None = None, noteb
                              for r in records])
 
     start = time.perf_counter()
-    df = _execute(specs, out, kernel, None, resume, progress, table)
+    df = _execute(specs, out, kernel, timeout, resume, progress, table)
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     pngs = sorted((out / "artifacts" / preset / "figures").glob("*.png"))

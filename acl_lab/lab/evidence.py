@@ -96,9 +96,10 @@ def _save_part(results_dir: Path, part: str, frame: pd.DataFrame) -> Path:
 
 
 def _save_metrics(results_dir: Path, results: Iterable) -> None:
-    """Each run's metrics.json (small) under ``results_dir/runs/<task>/<run folder>.json``."""
+    """Each run's metrics.json (small) under ``results_dir/run_metrics/<task>/<run folder>.json`` (committed:
+    a folder named ``runs/`` is git-ignored as a run cache)."""
     for r in results:
-        dest = results_dir / "runs" / r.config.task / f"{Path(r.output_dir).name}.json"
+        dest = results_dir / "run_metrics" / r.config.task / f"{Path(r.output_dir).name}.json"
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(json.dumps(r.metrics, indent=1) + "\n")
 
