@@ -164,7 +164,7 @@ def check_parameters(notebook: Path, values: Mapping[str, list[Any]]) -> None:
 # ---------------------------------------------------------------------------
 def _read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.readtext())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -327,7 +327,7 @@ def gather_metrics(notebook: Path, parameters: Mapping[str, Any]) -> dict[str, A
     if not isinstance(output_dir, str) or not isinstance(preset, str):
         return {}
     path = notebook.parent / output_dir / preset / "metrics" / f"{notebook.stem}.json"
-    return _flatten(json.loads(path.readtext())) if path.is_file() else {}
+    return _flatten(json.loads(path.read_text())) if path.is_file() else {}
 
 
 def run_notebook(input_path: str | Path, output_path: str | Path, parameters: Mapping[str, Any],
@@ -406,7 +406,7 @@ def _cell(value: Any) -> Any:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.writetext(text)
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
