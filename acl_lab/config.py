@@ -31,7 +31,7 @@ CONFLICT_DEGREES = 90.0
 class TrainConfig:
     """Everything that defines a fine-tuning run.
 
-    ``objective`` picks the loss (see PAPER.md): single exit ``ce``, ``ce+scl``,
+    ``objective`` picks the loss (see docs/METHOD.md): single exit ``ce``, ``ce+scl``,
     ``acl-embed``, ``acl`` (= ACL-Embed + ACL-Grad); multi-exit ``me-ce``,
     ``me-acl`` (ACL-Embed at every exit), ``me-acl-cl`` (plus the cross-layer term).
     ``acl_grad`` switches the gradient gate on or off for any contrastive objective;
@@ -62,7 +62,7 @@ class TrainConfig:
     grad_accum: int = 1
     max_grad_norm: float | None = 1.0
     dropout: float = 0.1
-    pooling: str = "cls"  # exit representation: "cls" (PAPER.md) or "mean" over tokens (this kit's option)
+    pooling: str = "cls"  # exit representation: "cls" (the paper, docs/METHOD.md) or "mean" over tokens (this kit's option)
     # objective
     lam: float = 0.1
     mu: float = 0.1
@@ -111,7 +111,7 @@ class TrainConfig:
         if self.pooling not in POOLINGS:
             raise bad_value("pooling", self.pooling, POOLINGS, "use 'cls' (the paper's [CLS] exits) or 'mean'.")
         if self.anchors not in ANCHORS:
-            raise bad_value("anchors", self.anchors, ANCHORS, "use 'all' (the default reading of PAPER.md).")
+            raise bad_value("anchors", self.anchors, ANCHORS, "use 'all' (the default reading of the paper, docs/METHOD.md).")
         if self.amp not in AMP:
             raise bad_value("amp", self.amp, AMP, "use 'auto' (mixed precision on CUDA only).")
         _at_least(self, "lam", 0.0, "lambda must be >= 0; use 0 to switch the contrastive term off.")

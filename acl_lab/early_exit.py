@@ -1,7 +1,7 @@
 """Early exit at inference, batched: samples that have left stop costing compute.
 
 At each layer the still-active samples go through the layer; their exit's
-classifier decides who leaves (PAPER.md, "Early exit at inference"):
+classifier decides who leaves (docs/METHOD.md, "Early exit"):
 
 - ``entropy``: normalised entropy of the softmax below ``threshold`` (DeeBERT);
 - ``maxprob``: maximum probability at or above ``threshold``;

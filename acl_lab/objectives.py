@@ -1,4 +1,4 @@
-"""Turn a forward pass into the losses of each objective (PAPER.md).
+"""Turn a forward pass into the losses of each objective (docs/METHOD.md).
 
 The loss of every objective splits into a cross-entropy part and an auxiliary
 (contrastive) part, ``total = ce + aux``; ACL-Grad gates ``aux`` against ``ce``.
