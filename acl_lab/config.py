@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .distributed import BACKENDS as DIST_BACKENDS
 from .errors import AclLabError, bad_value
 from .model import POOLINGS
 
@@ -79,6 +80,8 @@ class TrainConfig:
     device: str = "auto"
     amp: str = "auto"
     num_threads: int | None = None
+    dist_backend: str = "auto"  # under torchrun: "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl"
+    world_size: int | None = None  # set by the trainer: how many processes trained the run (not a choice)
 
     # ---- derived ---------------------------------------------------------
     @property
@@ -110,6 +113,8 @@ class TrainConfig:
             raise bad_value("pooling", self.pooling, POOLINGS, "use 'cls' (the paper's [CLS] exits) or 'mean'.")
         if self.anchors not in ANCHORS:
             raise bad_value("anchors", self.anchors, ANCHORS, "use 'all' (the default reading of PAPER.md).")
+        if self.dist_backend not in DIST_BACKENDS:
+            raise bad_value("dist_backend", self.dist_backend, DIST_BACKENDS, "use 'auto' (gloo on CPU, nccl on CUDA).")
         if self.amp not in AMP:
             raise bad_value("amp", self.amp, AMP, "use 'auto' (mixed precision on CUDA only).")
         _at_least(self, "lam", 0.0, "lambda must be >= 0; use 0 to switch the contrastive term off.")
@@ -120,7 +125,7 @@ class TrainConfig:
             raise bad_value("threshold", self.threshold, "degrees in [0, 180]", "set --threshold 90 (the paper's default).")
         for name in ("max_length", "batch_size", "grad_accum", "probe_every"):
             _at_least(self, name, 1, f"{name} must be a positive integer.")
-        for name in ("max_train_samples", "max_eval_samples", "max_steps", "eval_every", "num_threads"):
+        for name in ("max_train_samples", "max_eval_samples", "max_steps", "eval_every", "num_threads", "world_size"):
             if getattr(self, name) is not None:
                 _at_least(self, name, 1, f"{name} must be a positive integer, or omitted for no limit.")
         if not self.lr > 0:
@@ -179,7 +184,9 @@ class TrainConfig:
 
 
 # Fields that do not change what a run computes: a run may be resumed with these changed.
-RUNTIME_FIELDS = ("output_dir", "device", "num_threads", "eval_every", "save_checkpoints")
+RUNTIME_FIELDS = ("output_dir", "device", "num_threads", "eval_every", "save_checkpoints", "dist_backend",
+                  "world_size")
+
 
 
 def _at_least(cfg: TrainConfig, name: str, low: float, fix: str) -> None:
