@@ -140,6 +140,10 @@ def _cmd_train(args) -> None:
 
     cfg = _config_from_args(args)
     result = train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+    from .distributed import is_main
+
+    if not is_main():
+        return  # under torchrun every process trains; rank 0 reports
     m = result.metrics
     print(json.dumps({"dev": m["dev"], **({"test": m["test"]} if "test" in m else {}),
                       **({k: m[k] for k in ("gate", "angle") if k in m}), "output_dir": str(result.output_dir)}, indent=2))

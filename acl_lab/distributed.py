@@ -14,6 +14,7 @@ This module knows only tensors and the process group.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -55,7 +56,10 @@ def gather_with_grad(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.is_floating_point() and tensor.requires_grad:
         from torch.distributed.nn.functional import all_gather
 
-        return torch.cat(all_gather(tensor), dim=0)
+        with warnings.catch_warnings():
+            # deprecated in favour of a private functional API; it is still the public, documented autograd gather
+            warnings.simplefilter("ignore", FutureWarning)
+            return torch.cat(all_gather(tensor), dim=0)
     parts = [torch.empty_like(tensor) for _ in range(world_size())]
     dist.all_gather(parts, tensor.contiguous())
     return torch.cat(parts, dim=0)

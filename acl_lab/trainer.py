@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import math
 import shutil
@@ -340,9 +341,12 @@ class Trainer:
         if dist.is_distributed():
             from torch.nn.parallel import DistributedDataParallel
 
-            # broadcast_buffers=False: the encoder's buffers (position ids) are constants
+            # no buffer broadcast before every forward: the encoder's buffers (position ids) are constants
+            params = inspect.signature(DistributedDataParallel).parameters
+            no_sync_buffers = {"forward_sync_buffers": False} if "forward_sync_buffers" in params \
+                else {"broadcast_buffers": False}
             self.net = DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda"
-                                               else None, broadcast_buffers=False)
+                                               else None, **no_sync_buffers)
 
     # ---- one optimizer step ------------------------------------------------
     def step(self, batches: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
