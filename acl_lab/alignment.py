@@ -257,7 +257,7 @@ def gate_phase_table(history: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     totals = gated.groupby(["objective", "seed"])["step"].transform("max")
     gated["phase"] = [phase_of(int(s), int(t)) for s, t in zip(gated["step"], totals)]
-    gated["dropped"] = ~gated["kept"].astype(bool)
+    gated["dropped"] = 1.0 - gated["kept"].astype(float)  # kept: fraction of the step's micro-batches kept
     g = gated.groupby(["objective", "seed", "phase"], sort=False)
     out = pd.DataFrame({"steps": g.size(), "drop_rate": g["dropped"].mean(), "median_angle": g["angle"].median()})
     out = out.reset_index()

@@ -204,10 +204,10 @@ def gate_plot(history: pd.DataFrame, ax=None, title: str | None = None):
         g = g.sort_values("step")
         color = f"C{i % 10}"
         ax.plot(g["step"], g["angle"], color=color, lw=1.2, label=f"{objective} seed {seed}")
-        dropped = g[~g["kept"].astype(bool)]
+        dropped = g[g["kept"].astype(float) < 1.0]  # a step any of whose micro-batches was dropped
         ax.scatter(dropped["step"], dropped["angle"], marker="x", color=color, s=40, zorder=3)
     _threshold_line(ax)
-    rate = 1.0 - gated["kept"].astype(bool).mean() if len(gated) else float("nan")
+    rate = 1.0 - gated["kept"].astype(float).mean() if len(gated) else float("nan")  # micro-batches dropped
     ax.set_xlabel("training step")
     ax.set_ylabel("angle grad(CE) vs grad(ACL term) (degrees)")
     ax.set_title(title or f"ACL-Grad gate: x = term dropped (overall drop rate {rate:.0%})")

@@ -304,7 +304,7 @@ def run_summary(result) -> dict:
     m = result.metrics
     main = get_task(result.config.task).main_metric
     angles = [r["angle"] for r in result.history if r.get("angle") is not None]
-    kept = [bool(r["kept"]) for r in result.history if "kept" in r]
+    kept = [float(r["kept"]) for r in result.history if "kept" in r]  # fraction of micro-batches kept
     return {"objective": result.config.objective, "lam": result.config.lam, "temperature": result.config.temperature,
             "threshold": result.config.threshold, "metric": main, "dev": float(m["dev"][main]),
             "test": float(m["test"][main]) if "test" in m else math.nan,
@@ -339,7 +339,8 @@ def trace_figure(result):
     h = pd.DataFrame(result.history)
     fig, ax = _figure(6.0, 3.2)
     if "angle" in h and h["angle"].notna().any():
-        kept = h["kept"].astype(bool) if "kept" in h else pd.Series(True, index=h.index)
+        # a step counts as dropped when any of its micro-batches was (kept is the fraction kept)
+        kept = h["kept"].fillna(1.0).astype(float) >= 1.0 if "kept" in h else pd.Series(True, index=h.index)
         ax.plot(h["step"], h["angle"], color="grey", lw=0.8)
         ax.scatter(h.loc[kept, "step"], h.loc[kept, "angle"], color="tab:blue", s=18, label="kept", zorder=3)
         ax.scatter(h.loc[~kept, "step"], h.loc[~kept, "angle"], color="tab:red", marker="x", s=24,
