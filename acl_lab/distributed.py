@@ -9,6 +9,11 @@ the gathered set is the global-batch loss and each rank's backward gives its sha
 of its gradient. Without an initialised process group every function is the
 identity / a no-op, so single-process code calls them unconditionally.
 
+Also here: joining a launcher's process group (:func:`init_from_env`: gloo on CPU, nccl on
+CUDA), the per-process share of the global batch (:func:`local_batch_size`, :func:`shard`),
+:func:`all_reduce_mean` (the ``reduce`` that ACL-Grad takes), and the small object
+collectives the trainer needs (broadcast, gather, barrier, "any rank asked to stop").
+
 This module knows only tensors and the process group.
 """
 from __future__ import annotations

@@ -1,13 +1,20 @@
 """One trainer for every objective: CE, CE+SCL, ACL-Embed, ACL, and their multi-exit forms.
 
-``train(config)`` composes the pieces: data (:mod:`acl_lab.data`), model
+:class:`Trainer` composes the pieces: data (:mod:`acl_lab.data`), model
 (:mod:`acl_lab.model`), losses (:mod:`acl_lab.objectives`) and the ACL-Grad gate
-(:mod:`acl_lab.grad`). It logs every optimizer step to ``history.jsonl``, keeps the
+(:mod:`acl_lab.grad`), and exposes them with ``step()``, ``evaluate()``, ``save()``,
+``fit()`` and ``on_step``/``on_eval`` hooks; ``train(config)`` is ``Trainer(config).fit()``.
+It logs every optimizer step to ``history.jsonl``, keeps the
 best checkpoint by the dev metric of the final exit, writes ``metrics.json``, and
 can resume: a run interrupted (Ctrl-C, SIGTERM) saves a resumable checkpoint at
 the next step boundary, and ``train(config, resume=True)`` continues it with the
 same data order and random state, so on CPU it ends with the same metrics as an
 uninterrupted run.
+
+Under ``torchrun`` (or ``accelerate launch``) every process runs the same code: the
+global batch ``batch_size`` is split evenly over the processes, the contrastive terms
+see the global batch, ACL-Grad decides on global gradients, and only rank 0 writes
+files and shows progress (README, "Several processes").
 
 Output directory layout::
 

@@ -197,3 +197,18 @@ def test_world_size_is_a_runtime_field_and_no_flag(tiny_config):
         build_parser().parse_args(["train", "--world-size", "2"])
     with pytest.raises(AclLabError, match="dist_backend"):
         tiny_config.replace(dist_backend="mpi").validate()
+
+
+def test_accelerate_launch_runs_the_same_ddp_training(tiny_config, tmp_path):
+    """``accelerate launch --multi_gpu`` starts torch's own launcher; on CPU acl_lab joins it with gloo."""
+    pytest.importorskip("accelerate")
+    acc = tmp_path / "acc"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "acl_lab", "train",
+           *_flags(tiny_config.data_dir, "acl", [], acc, steps=2, eval_every=2)]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = train(tiny_config.replace(objective="acl", max_steps=2, eval_every=2, output_dir=str(tmp_path / "one")),
+                progress=False)
+    _assert_rows_close(_rows(acc)[0], one.history)
+    assert json.loads((acc / "metrics.json").read_text())["world_size"] == 2
