@@ -212,3 +212,49 @@ def test_accelerate_launch_runs_the_same_ddp_training(tiny_config, tmp_path):
                 progress=False)
     _assert_rows_close(_rows(acc)[0], one.history)
     assert json.loads((acc / "metrics.json").read_text())["world_size"] == 2
+
+
+def test_reduce_grads_is_one_call_on_a_flat_buffer_and_keeps_shapes_dtypes_and_nones():
+    from acl_lab.grad import reduce_grads
+
+    calls = []
+
+    def double(t):
+        calls.append(t.numel())
+        return t.mul_(2)
+
+    a = [torch.ones(2, 3), None, torch.full((4,), 3.0, dtype=torch.float64)]
+    b = [torch.arange(3.0), None, None]
+    ra, rb = reduce_grads(double, a, b)
+    assert calls == [6 + 4 + 3]  # one collective for both sets
+    assert ra[1] is None and rb[1] is None and rb[2] is None
+    assert torch.equal(ra[0], 2 * a[0]) and ra[0].dtype == torch.float32
+    assert torch.equal(ra[2], 2 * a[2]) and ra[2].dtype == torch.float64
+    assert torch.equal(rb[0], 2 * b[0])
+    assert torch.equal(a[0], torch.ones(2, 3))  # inputs untouched
+
+
+@pytest.mark.parametrize("scope", ["all", "params", "repr"])
+def test_gate_with_an_identity_reduce_equals_the_gate_without(scope):
+    """One process with ``reduce`` (every collective the identity) takes the same decision and update."""
+    from acl_lab.grad import ACLGrad
+
+    def run(reduce):
+        torch.manual_seed(0)
+        lin, head = torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)
+        x = torch.randn(8, 5)
+        rep = torch.tanh(lin(x))
+        ce = torch.nn.functional.cross_entropy(head(rep), torch.arange(8) % 3)
+        aux = (rep ** 2).mean() - 0.3 * head.weight.sum()
+        params = [*lin.parameters(), *head.parameters()]
+        gate = ACLGrad(params, lam=1.0, threshold=90.0, scope=scope, reduce=reduce,
+                       scope_params=list(head.parameters()) if scope == "params" else None)
+        rec = gate.backward(ce, aux, scope_tensors=[rep] if scope == "repr" else None)
+        return rec, [p.grad.clone() for p in params]
+
+    calls = []
+    rec0, g0 = run(None)
+    rec1, g1 = run(lambda t: calls.append(t.numel()) or t)
+    assert calls, "the reduce function was not called"
+    assert (rec0.cos, rec0.kept) == (rec1.cos, rec1.kept)
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-7) for a, b in zip(g0, g1))
