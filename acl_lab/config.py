@@ -22,6 +22,7 @@ EXIT_WEIGHTS = ("uniform", "ascending", "descending")
 ANGLE_SCOPES = ("all", "top-layer", "head", "repr")
 ANCHORS = ("all", "samples")
 AMP = ("auto", "off", "bf16", "fp16")
+DIST_BACKENDS = ("auto", "gloo", "nccl")  # torch.distributed backends under torchrun ("auto": gloo on CPU, nccl on CUDA)
 POOLINGS = ("cls", "mean")  # exit representation: first token (the paper) or the mean over real tokens
 #: the pilot study's conflict line and the default ACL-Grad threshold: above 90 degrees two gradients point apart
 CONFLICT_DEGREES = 90.0
@@ -76,11 +77,15 @@ class TrainConfig:
     probe_every: int = 1  # with probe_angles: probe steps 1, 1+k, 1+2k, ... (a probe costs about two steps)
     # evaluation and checkpoints
     eval_every: int | None = None
+    # False skips only the resumable checkpoints/last (optimizer state: about 3x the weights); checkpoints/best
+    # is the run's trained model (test metrics, representations and early exit are computed on it): always written
     save_checkpoints: bool = True
     # runtime
     device: str = "auto"
     amp: str = "auto"
     num_threads: int | None = None
+    dist_backend: str = "auto"  # under torchrun: "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl"
+    world_size: int | None = None  # set by the trainer: how many processes trained the run (not a choice)
 
     # ---- derived ---------------------------------------------------------
     @property
@@ -112,6 +117,8 @@ class TrainConfig:
             raise bad_value("pooling", self.pooling, POOLINGS, "use 'cls' (the paper's [CLS] exits) or 'mean'.")
         if self.anchors not in ANCHORS:
             raise bad_value("anchors", self.anchors, ANCHORS, "use 'all' (the default reading of the paper, docs/METHOD.md).")
+        if self.dist_backend not in DIST_BACKENDS:
+            raise bad_value("dist_backend", self.dist_backend, DIST_BACKENDS, "use 'auto' (gloo on CPU, nccl on CUDA).")
         if self.amp not in AMP:
             raise bad_value("amp", self.amp, AMP, "use 'auto' (mixed precision on CUDA only).")
         _at_least(self, "lam", 0.0, "lambda must be >= 0; use 0 to switch the contrastive term off.")
@@ -122,7 +129,7 @@ class TrainConfig:
             raise bad_value("threshold", self.threshold, "degrees in [0, 180]", "set --threshold 90 (the paper's default).")
         for name in ("max_length", "batch_size", "grad_accum", "probe_every"):
             _at_least(self, name, 1, f"{name} must be a positive integer.")
-        for name in ("max_train_samples", "max_eval_samples", "max_steps", "eval_every", "num_threads"):
+        for name in ("max_train_samples", "max_eval_samples", "max_steps", "eval_every", "num_threads", "world_size"):
             if getattr(self, name) is not None:
                 _at_least(self, name, 1, f"{name} must be a positive integer, or omitted for no limit.")
         if not self.lr > 0:
@@ -181,7 +188,9 @@ class TrainConfig:
 
 
 # Fields that do not change what a run computes: a run may be resumed with these changed.
-RUNTIME_FIELDS = ("output_dir", "device", "num_threads", "eval_every", "save_checkpoints")
+RUNTIME_FIELDS = ("output_dir", "device", "num_threads", "eval_every", "save_checkpoints", "dist_backend",
+                  "world_size")
+
 
 
 def _at_least(cfg: TrainConfig, name: str, low: float, fix: str) -> None:

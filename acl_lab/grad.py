@@ -14,6 +14,17 @@ e.g. the [CLS] representations at the exits) are this kit's own
 approximations: they decide with a cheaper cosine, and their agreement with
 the full scope has to be measured, not assumed. This module knows only
 tensors and parameters.
+
+Several processes (DDP): pass ``reduce``, a function that averages a tensor
+over the processes in place (:func:`acl_lab.distributed.all_reduce_mean`).
+Then every decision is taken on the global gradients, identically on every
+process: the exact scope and the ``"params"`` scope average the two gradient
+sets (g_CE and g_aux, in one flat all-reduce) before the cosine; the
+``"repr"`` scope, whose tensors are per-process shards of the global batch,
+averages the three partial sums <a, b>, ||a||^2, ||b||^2 (a cosine is
+invariant to the common 1/W factor). What ``ACLGrad.backward`` adds to
+``.grad`` is then the global (averaged) gradient, so the caller must not
+all-reduce it again (with DDP: run the step under ``no_sync()``).
 """
 from __future__ import annotations
 
@@ -31,6 +42,7 @@ COS_EPS = 1e-12
 
 Scale = float | Callable[[Tensor], Tensor]
 Grads = Sequence[Tensor | None]
+Reduce = Callable[[Tensor], Tensor]  # averages a tensor over processes in place (and returns it)
 
 
 def _wide(t: Tensor) -> Tensor:
@@ -38,10 +50,11 @@ def _wide(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def _dot_and_squares(grads_a: Grads, grads_b: Grads) -> tuple[float, float, float]:
+def _dot_and_squares(grads_a: Grads, grads_b: Grads, reduce: Reduce | None = None) -> tuple[float, float, float]:
     """<a, b>, ||a||^2, ||b||^2 of two flattened, concatenated gradient lists (``None`` = zeros).
 
-    Accumulated in float64 on the device, with one host sync at the end.
+    Accumulated in float64 on the device, with one host sync at the end. ``reduce`` (optional)
+    is applied to the three partial sums (the lists are per-process shards of one vector).
     """
     acc: Tensor | None = None
     for a, b in zip(grads_a, grads_b, strict=True):
@@ -56,15 +69,20 @@ def _dot_and_squares(grads_a: Grads, grads_b: Grads) -> tuple[float, float, floa
         sq_b = torch.sum(b_w * b_w, dtype=torch.float64) if b_w is not None else zero
         part = torch.stack([dot, sq_a, sq_b])
         acc = part if acc is None else acc + part.to(acc.device)
+    if reduce is not None:
+        # every process has the same tensors in the same order, so all hold an accumulator (or none)
+        ref = next((g for g in (*grads_a, *grads_b) if g is not None), None)
+        acc = reduce(acc if acc is not None else torch.zeros(3, dtype=torch.float64,
+                                                             device=ref.device if ref is not None else "cpu"))
     if acc is None:
         return 0.0, 0.0, 0.0
     dot, sq_a, sq_b = acc.tolist()
     return dot, sq_a, sq_b
 
 
-def _cosine(grads_a: Grads, grads_b: Grads) -> float:
+def _cosine(grads_a: Grads, grads_b: Grads, reduce: Reduce | None = None) -> float:
     """cos = <a, b> / (||a|| ||b|| + eps); NaN when not finite (e.g. an AMP overflow)."""
-    dot, sq_a, sq_b = _dot_and_squares(grads_a, grads_b)
+    dot, sq_a, sq_b = _dot_and_squares(grads_a, grads_b, reduce)
     cos = dot / (math.sqrt(sq_a) * math.sqrt(sq_b) + COS_EPS)
     return cos if math.isfinite(cos) else math.nan
 
@@ -74,6 +92,35 @@ def _grads(loss: Tensor, inputs: Sequence[Tensor], retain_graph: bool) -> Grads:
     if not loss.requires_grad:
         return [None] * len(inputs)
     return torch.autograd.grad(loss, inputs, retain_graph=retain_graph, allow_unused=True)
+
+
+def reduce_grads(reduce: Reduce | None, *grad_sets: Grads) -> list[list[Tensor | None]]:
+    """Each gradient set averaged over processes with ONE call of ``reduce`` on a flat buffer.
+
+    ``None`` entries stay ``None`` (every process has the same graph, so the same entries are
+    ``None`` everywhere). The returned tensors are new (the inputs are not modified), in the
+    inputs' dtypes. Without ``reduce`` the sets are returned as lists, unchanged.
+    """
+    if reduce is None:
+        return [list(g) for g in grad_sets]
+    present = [g for grads in grad_sets for g in grads if g is not None]
+    if not present:
+        return [list(g) for g in grad_sets]
+    dtype = present[0].dtype
+    for g in present[1:]:
+        dtype = torch.promote_types(dtype, g.dtype)
+    flat = reduce(torch.cat([g.reshape(-1).to(dtype) for g in present]))
+    out, offset = [], 0
+    for grads in grad_sets:
+        part = []
+        for g in grads:
+            if g is None:
+                part.append(None)
+            else:
+                part.append(flat[offset:offset + g.numel()].view_as(g).to(g.dtype))
+                offset += g.numel()
+        out.append(part)
+    return out
 
 
 def gradient_cosine(loss_a: Tensor, loss_b: Tensor, params: Iterable[Tensor]) -> float:
@@ -88,15 +135,23 @@ def gradient_cosine(loss_a: Tensor, loss_b: Tensor, params: Iterable[Tensor]) ->
     return _cosine(_grads(loss_a, inputs, True), _grads(loss_b, inputs, True))
 
 
-def gradient_cosines(reference: Tensor, others: Sequence[Tensor], params: Iterable[Tensor]) -> list[float]:
+def gradient_cosines(reference: Tensor | Grads, others: Sequence[Tensor], params: Iterable[Tensor],
+                     reduce: Reduce | None = None) -> list[float]:
     """Cosines between the gradient of ``reference`` and that of each loss in ``others``.
 
     Same conventions as :func:`gradient_cosine`, but the reference gradient is
     computed once, so k probes cost k + 1 backward passes instead of 2k.
+    ``reference`` may also be that gradient already computed (a list aligned
+    with ``params``, e.g. the g_CE the update used), which saves one more pass.
+    With ``reduce`` (several processes) every gradient is averaged over the
+    processes before its cosine; a given ``reference`` gradient must already be.
     """
     inputs = list(params)
-    g_ref = _grads(reference, inputs, True)
-    return [_cosine(g_ref, _grads(other, inputs, True)) for other in others]
+    if isinstance(reference, Tensor):
+        (g_ref,) = reduce_grads(reduce, _grads(reference, inputs, True))
+    else:
+        g_ref = list(reference)
+    return [_cosine(g_ref, reduce_grads(reduce, _grads(other, inputs, True))[0]) for other in others]
 
 
 def angle_degrees(cos: float) -> float:
@@ -159,6 +214,10 @@ class ACLGrad:
         scope: "all", "params" or "repr".
         scope_params: the parameter subset for ``scope="params"`` (required
             there, not allowed otherwise).
+        reduce: for several processes, a function averaging a tensor over
+            them in place (:func:`acl_lab.distributed.all_reduce_mean`); the
+            decision is then global and ``.grad`` receives the global gradient
+            (see the module docstring). None (the default) in one process.
     """
 
     def __init__(
@@ -168,6 +227,7 @@ class ACLGrad:
         threshold: float = 90.0,
         scope: str = "all",
         scope_params: Iterable[Tensor] | None = None,
+        reduce: Reduce | None = None,
     ) -> None:
         self.params = _unique_trainable(params)
         if not self.params:
@@ -188,6 +248,7 @@ class ACLGrad:
         self.lam = float(lam)
         self.threshold = float(threshold)
         self.scope = scope
+        self.reduce = reduce
 
     def backward(
         self,
@@ -223,7 +284,7 @@ class ACLGrad:
         ce = _apply_scale(ce_loss, scale)
         aux = _apply_scale(aux_loss, scale)
         if not aux.requires_grad:
-            ce.backward(inputs=self.params)
+            self._backward_reduced(ce)
             return self._record(math.nan)
         if self.scope == "all":
             cos = self._backward_all(ce, aux)
@@ -248,13 +309,19 @@ class ACLGrad:
         The existing ``.grad`` tensors are set aside (no copy), CE is
         back-propagated into ``.grad`` (= g_CE), g_aux is taken with
         ``autograd.grad`` (the one extra copy; releases the graph), and then
-        ``.grad = old + g_CE + lam_t * g_aux`` in place.
+        ``.grad = old + g_CE + lam_t * g_aux`` in place. With ``reduce``, g_CE
+        and g_aux are first averaged over the processes in one flat all-reduce
+        (twice the gradient size: the communication the exact gate adds).
         """
         stashed = [p.grad for p in self.params]
         for p in self.params:
             p.grad = None
         ce.backward(retain_graph=True, inputs=self.params)
         g_aux = _grads(aux, self.params, retain_graph=False)
+        if self.reduce is not None:
+            g_ce, g_aux = reduce_grads(self.reduce, [p.grad for p in self.params], g_aux)
+            for p, g in zip(self.params, g_ce):
+                p.grad = g
         cos = _cosine([p.grad for p in self.params], g_aux)
         lam_t = self._lam_t(cos)
         for p, old, ga in zip(self.params, stashed, g_aux):
@@ -271,8 +338,26 @@ class ACLGrad:
 
     def _backward_cheap(self, ce: Tensor, aux: Tensor, scope_inputs: Sequence[Tensor]) -> float:
         """Approximate scopes: decide on the gradients w.r.t. ``scope_inputs``, then one combined backward."""
-        cos = _cosine(_grads(ce, scope_inputs, True), _grads(aux, scope_inputs, True))
+        g_ce, g_aux = _grads(ce, scope_inputs, True), _grads(aux, scope_inputs, True)
+        if self.scope == "repr":
+            cos = _cosine(g_ce, g_aux, self.reduce)  # shards of one vector: reduce the partial sums
+        else:
+            cos = _cosine(*reduce_grads(self.reduce, g_ce, g_aux))  # the same parameters: average the gradients
         lam_t = self._lam_t(cos)
-        total = ce + lam_t * aux if lam_t != 0.0 else ce
-        total.backward(inputs=self.params)
+        self._backward_reduced(ce + lam_t * aux if lam_t != 0.0 else ce)
         return cos
+
+    def _backward_reduced(self, loss: Tensor) -> None:
+        """``loss.backward()`` into ``.grad``; with ``reduce``, what it adds is averaged over the processes first."""
+        if self.reduce is None:
+            loss.backward(inputs=self.params)
+            return
+        stashed = [p.grad for p in self.params]
+        for p in self.params:
+            p.grad = None
+        loss.backward(inputs=self.params)
+        (fresh,) = reduce_grads(self.reduce, [p.grad for p in self.params])
+        for p, old, g in zip(self.params, stashed, fresh):
+            if old is not None and g is not None:
+                old.add_(g)
+            p.grad = old if old is not None else g

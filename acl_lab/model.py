@@ -195,8 +195,15 @@ class MultiExitClassifier(nn.Module):
 
 def build_model(name: str, num_labels: int, multi_exit: bool = False, dropout: float = 0.1, seed: int = 0,
                 pooling: str = "cls"):
-    """Load the backbone and wrap it: returns ``(model, tokenizer)``."""
+    """Load the backbone and wrap it: returns ``(model, tokenizer)``.
+
+    ``dropout`` sets every dropout probability of the model: the encoder's hidden and attention
+    dropout (overriding the checkpoint's config; BERT/MiniLM ship 0.1, the default) and the heads'.
+    """
     encoder, tokenizer = load_backbone(name, seed=seed)
+    for module in encoder.modules():  # ``dropout`` is every dropout of the model, the encoder's included
+        if isinstance(module, nn.Dropout):
+            module.p = dropout
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = MultiExitClassifier(encoder, num_labels, multi_exit=multi_exit, dropout=dropout, pooling=pooling)
