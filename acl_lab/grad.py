@@ -1,6 +1,6 @@
 """ACL-Grad: gate an auxiliary (contrastive) loss by its gradient angle to CE.
 
-Per mini-batch (PAPER.md, "ACL-Grad")::
+Per mini-batch (docs/METHOD.md, "ACL-Grad")::
 
     cos   = <g_CE, g_aux> / (||g_CE|| * ||g_aux|| + eps)
     angle = degrees(arccos(cos))
@@ -21,6 +21,19 @@ online from the steps where both angles were computed (:class:`ScreenRule`);
 otherwise it computes the exact ``all`` angle and decides from that. Every
 decision records which path decided. This module knows only tensors and
 parameters.
+
+Several processes (DDP): pass ``reduce``, a function that averages a tensor
+over the processes in place (:func:`acl_lab.distributed.all_reduce_mean`).
+Then every decision is taken on the global gradients, identically on every
+process: the exact scope and the ``"params"`` scope average the two gradient
+sets (g_CE and g_aux, in one flat all-reduce) before the cosine; the
+``"repr"`` scope, whose tensors are per-process shards of the global batch,
+averages the three partial sums <a, b>, ||a||^2, ||b||^2 (a cosine is
+invariant to the common 1/W factor); the ``"screened"`` scope does both, on its
+cheap and its exact path, so its calibration pairs, and hence its decisions, are
+the same on every process. What ``ACLGrad.backward`` adds to
+``.grad`` is then the global (averaged) gradient, so the caller must not
+all-reduce it again (with DDP: run the step under ``no_sync()``).
 """
 from __future__ import annotations
 
@@ -40,6 +53,7 @@ COS_EPS = 1e-12
 
 Scale = float | Callable[[Tensor], Tensor]
 Grads = Sequence[Tensor | None]
+Reduce = Callable[[Tensor], Tensor]  # averages a tensor over processes in place (and returns it)
 
 
 def _wide(t: Tensor) -> Tensor:
@@ -47,10 +61,11 @@ def _wide(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def _dot_and_squares(grads_a: Grads, grads_b: Grads) -> tuple[float, float, float]:
+def _dot_and_squares(grads_a: Grads, grads_b: Grads, reduce: Reduce | None = None) -> tuple[float, float, float]:
     """<a, b>, ||a||^2, ||b||^2 of two flattened, concatenated gradient lists (``None`` = zeros).
 
-    Accumulated in float64 on the device, with one host sync at the end.
+    Accumulated in float64 on the device, with one host sync at the end. ``reduce`` (optional)
+    is applied to the three partial sums (the lists are per-process shards of one vector).
     """
     acc: Tensor | None = None
     for a, b in zip(grads_a, grads_b, strict=True):
@@ -65,15 +80,20 @@ def _dot_and_squares(grads_a: Grads, grads_b: Grads) -> tuple[float, float, floa
         sq_b = torch.sum(b_w * b_w, dtype=torch.float64) if b_w is not None else zero
         part = torch.stack([dot, sq_a, sq_b])
         acc = part if acc is None else acc + part.to(acc.device)
+    if reduce is not None:
+        # every process has the same tensors in the same order, so all hold an accumulator (or none)
+        ref = next((g for g in (*grads_a, *grads_b) if g is not None), None)
+        acc = reduce(acc if acc is not None else torch.zeros(3, dtype=torch.float64,
+                                                             device=ref.device if ref is not None else "cpu"))
     if acc is None:
         return 0.0, 0.0, 0.0
     dot, sq_a, sq_b = acc.tolist()
     return dot, sq_a, sq_b
 
 
-def _cosine(grads_a: Grads, grads_b: Grads) -> float:
+def _cosine(grads_a: Grads, grads_b: Grads, reduce: Reduce | None = None) -> float:
     """cos = <a, b> / (||a|| ||b|| + eps); NaN when not finite (e.g. an AMP overflow)."""
-    dot, sq_a, sq_b = _dot_and_squares(grads_a, grads_b)
+    dot, sq_a, sq_b = _dot_and_squares(grads_a, grads_b, reduce)
     cos = dot / (math.sqrt(sq_a) * math.sqrt(sq_b) + COS_EPS)
     return cos if math.isfinite(cos) else math.nan
 
@@ -83,6 +103,35 @@ def _grads(loss: Tensor, inputs: Sequence[Tensor], retain_graph: bool) -> Grads:
     if not loss.requires_grad:
         return [None] * len(inputs)
     return torch.autograd.grad(loss, inputs, retain_graph=retain_graph, allow_unused=True)
+
+
+def reduce_grads(reduce: Reduce | None, *grad_sets: Grads) -> list[list[Tensor | None]]:
+    """Each gradient set averaged over processes with ONE call of ``reduce`` on a flat buffer.
+
+    ``None`` entries stay ``None`` (every process has the same graph, so the same entries are
+    ``None`` everywhere). The returned tensors are new (the inputs are not modified), in the
+    inputs' dtypes. Without ``reduce`` the sets are returned as lists, unchanged.
+    """
+    if reduce is None:
+        return [list(g) for g in grad_sets]
+    present = [g for grads in grad_sets for g in grads if g is not None]
+    if not present:
+        return [list(g) for g in grad_sets]
+    dtype = present[0].dtype
+    for g in present[1:]:
+        dtype = torch.promote_types(dtype, g.dtype)
+    flat = reduce(torch.cat([g.reshape(-1).to(dtype) for g in present]))
+    out, offset = [], 0
+    for grads in grad_sets:
+        part = []
+        for g in grads:
+            if g is None:
+                part.append(None)
+            else:
+                part.append(flat[offset:offset + g.numel()].view_as(g).to(g.dtype))
+                offset += g.numel()
+        out.append(part)
+    return out
 
 
 def gradient_cosine(loss_a: Tensor, loss_b: Tensor, params: Iterable[Tensor]) -> float:
@@ -97,15 +146,23 @@ def gradient_cosine(loss_a: Tensor, loss_b: Tensor, params: Iterable[Tensor]) ->
     return _cosine(_grads(loss_a, inputs, True), _grads(loss_b, inputs, True))
 
 
-def gradient_cosines(reference: Tensor, others: Sequence[Tensor], params: Iterable[Tensor]) -> list[float]:
+def gradient_cosines(reference: Tensor | Grads, others: Sequence[Tensor], params: Iterable[Tensor],
+                     reduce: Reduce | None = None) -> list[float]:
     """Cosines between the gradient of ``reference`` and that of each loss in ``others``.
 
     Same conventions as :func:`gradient_cosine`, but the reference gradient is
     computed once, so k probes cost k + 1 backward passes instead of 2k.
+    ``reference`` may also be that gradient already computed (a list aligned
+    with ``params``, e.g. the g_CE the update used), which saves one more pass.
+    With ``reduce`` (several processes) every gradient is averaged over the
+    processes before its cosine; a given ``reference`` gradient must already be.
     """
     inputs = list(params)
-    g_ref = _grads(reference, inputs, True)
-    return [_cosine(g_ref, _grads(other, inputs, True)) for other in others]
+    if isinstance(reference, Tensor):
+        (g_ref,) = reduce_grads(reduce, _grads(reference, inputs, True))
+    else:
+        g_ref = list(reference)
+    return [_cosine(g_ref, reduce_grads(reduce, _grads(other, inputs, True))[0]) for other in others]
 
 
 def angle_degrees(cos: float) -> float:
@@ -302,6 +359,10 @@ class ACLGrad:
         scope: "all", "params", "repr" or "screened".
         scope_params: the parameter subset for ``scope="params"`` (required
             there, not allowed otherwise).
+        reduce: for several processes, a function averaging a tensor over
+            them in place (:func:`acl_lab.distributed.all_reduce_mean`); the
+            decision is then global and ``.grad`` receives the global gradient
+            (see the module docstring). None (the default) in one process.
         screen: the calibration rule of ``scope="screened"`` (default
             ``ScreenRule()``; not allowed with other scopes). It keeps its
             pairs, so one gate object carries its calibration across steps.
@@ -314,6 +375,7 @@ class ACLGrad:
         threshold: float = 90.0,
         scope: str = "all",
         scope_params: Iterable[Tensor] | None = None,
+        reduce: Reduce | None = None,
         screen: ScreenRule | None = None,
     ) -> None:
         self.params = _unique_trainable(params)
@@ -339,6 +401,7 @@ class ACLGrad:
         self.lam = float(lam)
         self.threshold = float(threshold)
         self.scope = scope
+        self.reduce = reduce
 
     def restore(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """On resume: rebuild the screened calibration from the logged step rows (a no-op for other scopes)."""
@@ -379,16 +442,14 @@ class ACLGrad:
         ce = _apply_scale(ce_loss, scale)
         aux = _apply_scale(aux_loss, scale)
         if not aux.requires_grad:
-            ce.backward(inputs=self.params)
+            self._backward_reduced(ce)
             return self._record(math.nan, "exact" if self.scope in ("all", "screened") else "cheap")
         if self.scope == "screened":
             return self._backward_screened(ce, aux, list(scope_tensors))
         if self.scope == "all":
             return self._record(self._backward_all(ce, aux), "exact")
         inputs = self.scope_params if self.scope == "params" else list(scope_tensors)
-        cos = _cosine(_grads(ce, inputs, True), _grads(aux, inputs, True))
-        self._backward_combined(ce, aux, self._lam_t(cos))
-        return self._record(cos, "cheap")
+        return self._record(self._backward_cheap(ce, aux, inputs), "cheap")
 
     def _keep(self, cos: float) -> bool:
         """Keep the aux term when the angle <= threshold, or when the cosine is not finite (NaN)."""
@@ -402,14 +463,18 @@ class ACLGrad:
                           lam_t=self._lam_t(cos), scope=self.scope, path=path, **screened)
 
     def _backward_screened(self, ce: Tensor, aux: Tensor, reps: Sequence[Tensor]) -> GateRecord:
-        """The ``repr`` cosine first; it decides outside the margin, else the exact path (and calibrates)."""
-        cheap_cos = _cosine(_grads(ce, reps, True), _grads(aux, reps, True))
+        """The ``repr`` cosine first; it decides outside the margin, else the exact path (and calibrates).
+
+        With ``reduce`` the cheap cosine reduces its partial sums (per-process shards, as ``"repr"``) and the
+        exact path averages the gradients (as ``"all"``), so every process observes the same pairs.
+        """
+        cheap_cos = _cosine(_grads(ce, reps, True), _grads(aux, reps, True), self.reduce)
         cheap_angle = angle_degrees(cheap_cos)
         margin = self.screen.margin()
         keep = self.screen.cheap_decision(cheap_angle, self.threshold)
         if keep is not None:
             lam_t = self.lam if keep else 0.0
-            self._backward_combined(ce, aux, lam_t)
+            self._backward_reduced(ce + lam_t * aux if lam_t != 0.0 else ce)
             estimate = min(180.0, max(0.0, cheap_angle + self.screen.offset()))
             return GateRecord(cos=math.cos(math.radians(estimate)), angle=estimate, kept=keep, lam=self.lam,
                               lam_t=lam_t, scope=self.scope, path="cheap", cheap_angle=cheap_angle, margin=margin)
@@ -423,13 +488,19 @@ class ACLGrad:
         The existing ``.grad`` tensors are set aside (no copy), CE is
         back-propagated into ``.grad`` (= g_CE), g_aux is taken with
         ``autograd.grad`` (the one extra copy; releases the graph), and then
-        ``.grad = old + g_CE + lam_t * g_aux`` in place.
+        ``.grad = old + g_CE + lam_t * g_aux`` in place. With ``reduce``, g_CE
+        and g_aux are first averaged over the processes in one flat all-reduce
+        (twice the gradient size: the communication the exact gate adds).
         """
         stashed = [p.grad for p in self.params]
         for p in self.params:
             p.grad = None
         ce.backward(retain_graph=True, inputs=self.params)
         g_aux = _grads(aux, self.params, retain_graph=False)
+        if self.reduce is not None:
+            g_ce, g_aux = reduce_grads(self.reduce, [p.grad for p in self.params], g_aux)
+            for p, g in zip(self.params, g_ce):
+                p.grad = g
         cos = _cosine([p.grad for p in self.params], g_aux)
         lam_t = self._lam_t(cos)
         for p, old, ga in zip(self.params, stashed, g_aux):
@@ -444,7 +515,28 @@ class ACLGrad:
                 p.grad = old
         return cos
 
-    def _backward_combined(self, ce: Tensor, aux: Tensor, lam_t: float) -> None:
-        """After a cheap decision: one backward of ``ce + lam_t * aux`` (just ``ce`` when dropped)."""
-        total = ce + lam_t * aux if lam_t != 0.0 else ce
-        total.backward(inputs=self.params)
+    def _backward_cheap(self, ce: Tensor, aux: Tensor, scope_inputs: Sequence[Tensor]) -> float:
+        """Approximate scopes: decide on the gradients w.r.t. ``scope_inputs``, then one combined backward."""
+        g_ce, g_aux = _grads(ce, scope_inputs, True), _grads(aux, scope_inputs, True)
+        if self.scope == "repr":
+            cos = _cosine(g_ce, g_aux, self.reduce)  # shards of one vector: reduce the partial sums
+        else:
+            cos = _cosine(*reduce_grads(self.reduce, g_ce, g_aux))  # the same parameters: average the gradients
+        lam_t = self._lam_t(cos)
+        self._backward_reduced(ce + lam_t * aux if lam_t != 0.0 else ce)
+        return cos
+
+    def _backward_reduced(self, loss: Tensor) -> None:
+        """``loss.backward()`` into ``.grad``; with ``reduce``, what it adds is averaged over the processes first."""
+        if self.reduce is None:
+            loss.backward(inputs=self.params)
+            return
+        stashed = [p.grad for p in self.params]
+        for p in self.params:
+            p.grad = None
+        loss.backward(inputs=self.params)
+        (fresh,) = reduce_grads(self.reduce, [p.grad for p in self.params])
+        for p, old, g in zip(self.params, stashed, fresh):
+            if old is not None and g is not None:
+                old.add_(g)
+            p.grad = old if old is not None else g

@@ -47,8 +47,10 @@ def amp_dtype(device: torch.device, amp: str = "auto") -> torch.dtype | None:
     Mixed precision is used only on CUDA: bf16 where the GPU supports it, else fp16
     (which then needs a GradScaler). CPU and MPS train in float32.
     """
-    if amp not in ("auto", "off", "bf16", "fp16"):
-        raise bad_value("amp", amp, ("auto", "off", "bf16", "fp16"), "use 'auto' (mixed precision on CUDA only).")
+    from .config import AMP
+
+    if amp not in AMP:
+        raise bad_value("amp", amp, AMP, "use 'auto' (mixed precision on CUDA only).")
     if device.type != "cuda" or amp == "off":
         return None
     if amp == "fp16":

@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import AclLabError
+from ..errors import AclLabError
 
 PACKAGES = ("acl_lab", "torch", "transformers", "datasets", "numpy", "scikit-learn", "matplotlib", "umap-learn",
             "ipywidgets", "papermill")
@@ -32,7 +32,7 @@ def versions() -> dict[str, str]:
 
 def print_versions() -> None:
     """Print package versions and the device the kit will use."""
-    from .utils import get_device
+    from ..utils import get_device
 
     for name, version in versions().items():
         print(f"{name:>14}: {version}")
