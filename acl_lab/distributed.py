@@ -59,3 +59,28 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     if is_distributed():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+
+def all_reduce_mean(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The mean over ranks of every tensor in ``tensors``, from ONE coalesced all-reduce (the inputs in one process).
+
+    The tensors are flattened into one buffer of their promoted dtype (so a whole gradient set costs one
+    collective, not one per parameter), summed over ranks and divided by the world size; the results are
+    views into that buffer, in the inputs' shapes and dtypes. The inputs are not modified (gradients from
+    ``autograd.grad`` may be expanded views that cannot be written in place). Every rank must pass the
+    same shapes in the same order.
+    """
+    if not is_distributed() or not tensors:
+        return list(tensors)
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= world_size()
+    out, offset = [], 0
+    for t in tensors:
+        out.append(flat[offset:offset + t.numel()].view(t.shape).to(t.dtype))
+        offset += t.numel()
+    return out

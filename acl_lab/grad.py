@@ -12,8 +12,18 @@ scopes ``"params"`` (a subset of parameters, e.g. the classifier heads or the
 top layers) and ``"repr"`` (the gradient with respect to intermediate tensors,
 e.g. the [CLS] representations at the exits) are this kit's own
 approximations: they decide with a cheaper cosine, and their agreement with
-the full scope has to be measured, not assumed. This module knows only
-tensors and parameters.
+the full scope has to be measured, not assumed.
+
+Under DDP (``distributed=True``) the decision is taken once, on global
+gradients, so every rank makes the same one: the exact scope averages g_CE and
+g_aux over the processes (one coalesced all-reduce of both, i.e. twice the
+gradient bytes DDP itself sends, per micro-batch) and must run outside DDP's own
+gradient sync (``model.no_sync()``), because it writes the averaged update into
+``.grad`` itself; ``"params"`` averages the two scope gradients; ``"repr"``
+sums the dot product and squared norms over ranks (each rank holds its own
+samples' representations, so the global vector is their concatenation). The
+cheap scopes then run one ordinary backward, which DDP's reducer syncs as usual.
+This module knows only tensors, parameters and :mod:`acl_lab.distributed`.
 """
 from __future__ import annotations
 
@@ -24,6 +34,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
+from acl_lab.distributed import all_reduce_mean, all_reduce_sum, is_distributed
 from acl_lab.errors import bad_value
 
 SCOPES = ("all", "params", "repr")
@@ -38,10 +49,14 @@ def _wide(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def _dot_and_squares(grads_a: Grads, grads_b: Grads) -> tuple[float, float, float]:
+def _dot_and_squares(grads_a: Grads, grads_b: Grads, sum_over_ranks: bool = False,
+                     device: torch.device | None = None) -> tuple[float, float, float]:
     """<a, b>, ||a||^2, ||b||^2 of two flattened, concatenated gradient lists (``None`` = zeros).
 
-    Accumulated in float64 on the device, with one host sync at the end.
+    Accumulated in float64 on the device, with one host sync at the end. With
+    ``sum_over_ranks`` the three sums are added over processes first (the lists
+    then hold each rank's part of one global vector; ``device`` is where a rank
+    with no gradient at all puts its zeros).
     """
     acc: Tensor | None = None
     for a, b in zip(grads_a, grads_b, strict=True):
@@ -56,17 +71,26 @@ def _dot_and_squares(grads_a: Grads, grads_b: Grads) -> tuple[float, float, floa
         sq_b = torch.sum(b_w * b_w, dtype=torch.float64) if b_w is not None else zero
         part = torch.stack([dot, sq_a, sq_b])
         acc = part if acc is None else acc + part.to(acc.device)
+    if sum_over_ranks:
+        acc = all_reduce_sum(acc if acc is not None else torch.zeros(3, dtype=torch.float64, device=device))
     if acc is None:
         return 0.0, 0.0, 0.0
     dot, sq_a, sq_b = acc.tolist()
     return dot, sq_a, sq_b
 
 
-def _cosine(grads_a: Grads, grads_b: Grads) -> float:
+def _cosine(grads_a: Grads, grads_b: Grads, sum_over_ranks: bool = False, device: torch.device | None = None) -> float:
     """cos = <a, b> / (||a|| ||b|| + eps); NaN when not finite (e.g. an AMP overflow)."""
-    dot, sq_a, sq_b = _dot_and_squares(grads_a, grads_b)
+    dot, sq_a, sq_b = _dot_and_squares(grads_a, grads_b, sum_over_ranks, device)
     cos = dot / (math.sqrt(sq_a) * math.sqrt(sq_b) + COS_EPS)
     return cos if math.isfinite(cos) else math.nan
+
+
+def _averaged(grads_a: Grads, grads_b: Grads, like: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+    """Both gradient lists averaged over processes in one all-reduce (``None`` sent as zeros shaped like ``like``)."""
+    filled = [g if g is not None else torch.zeros_like(t) for g, t in zip([*grads_a, *grads_b], [*like, *like])]
+    mean = all_reduce_mean(filled)
+    return mean[:len(like)], mean[len(like):]
 
 
 def _grads(loss: Tensor, inputs: Sequence[Tensor], retain_graph: bool) -> Grads:
@@ -159,6 +183,10 @@ class ACLGrad:
         scope: "all", "params" or "repr".
         scope_params: the parameter subset for ``scope="params"`` (required
             there, not allowed otherwise).
+        distributed: decide on gradients reduced over all processes (DDP; see
+            the module docstring). With ``scope="all"`` call :meth:`backward`
+            inside ``model.no_sync()``: the averaged update is written into
+            ``.grad`` here. Without a process group it changes nothing.
     """
 
     def __init__(
@@ -168,6 +196,7 @@ class ACLGrad:
         threshold: float = 90.0,
         scope: str = "all",
         scope_params: Iterable[Tensor] | None = None,
+        distributed: bool = False,
     ) -> None:
         self.params = _unique_trainable(params)
         if not self.params:
@@ -188,6 +217,7 @@ class ACLGrad:
         self.lam = float(lam)
         self.threshold = float(threshold)
         self.scope = scope
+        self.distributed = bool(distributed)
 
     def backward(
         self,
@@ -223,7 +253,10 @@ class ACLGrad:
         ce = _apply_scale(ce_loss, scale)
         aux = _apply_scale(aux_loss, scale)
         if not aux.requires_grad:
-            ce.backward(inputs=self.params)
+            if self.scope == "all" and self.distributed and is_distributed():
+                self._backward_all(ce, aux)  # still averages g_CE over ranks (g_aux is zero)
+            else:
+                ce.backward(inputs=self.params)
             return self._record(math.nan)
         if self.scope == "all":
             cos = self._backward_all(ce, aux)
@@ -255,6 +288,10 @@ class ACLGrad:
             p.grad = None
         ce.backward(retain_graph=True, inputs=self.params)
         g_aux = _grads(aux, self.params, retain_graph=False)
+        if self.distributed and is_distributed():
+            g_ce, g_aux = _averaged([p.grad for p in self.params], g_aux, self.params)
+            for p, g in zip(self.params, g_ce):
+                p.grad = g
         cos = _cosine([p.grad for p in self.params], g_aux)
         lam_t = self._lam_t(cos)
         for p, old, ga in zip(self.params, stashed, g_aux):
@@ -271,7 +308,11 @@ class ACLGrad:
 
     def _backward_cheap(self, ce: Tensor, aux: Tensor, scope_inputs: Sequence[Tensor]) -> float:
         """Approximate scopes: decide on the gradients w.r.t. ``scope_inputs``, then one combined backward."""
-        cos = _cosine(_grads(ce, scope_inputs, True), _grads(aux, scope_inputs, True))
+        g_ce, g_aux = _grads(ce, scope_inputs, True), _grads(aux, scope_inputs, True)
+        ranks = self.distributed and is_distributed()
+        if ranks and self.scope == "params":  # the same parameters on every rank: average, then one cosine
+            g_ce, g_aux = _averaged(g_ce, g_aux, scope_inputs)
+        cos = _cosine(g_ce, g_aux, sum_over_ranks=ranks and self.scope == "repr", device=self.params[0].device)
         lam_t = self._lam_t(cos)
         total = ce + lam_t * aux if lam_t != 0.0 else ce
         total.backward(inputs=self.params)
