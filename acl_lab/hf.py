@@ -145,6 +145,10 @@ class ACLTrainer(Trainer):
             raise bad_value("threshold", threshold, "degrees in [0, 180]", "use 90 (the paper's default)")
         if scope not in SCOPES:
             raise bad_value("scope", scope, SCOPES, "use 'all' (the paper's exact definition)")
+        if scope == "head" and objective == "ce+scl":
+            raise bad_value("scope", scope, "'all' or 'repr' with ce+scl",
+                            "SCL does not use the classifier layer, so its gradient there is zero and the angle "
+                            "always 90 degrees; use scope='all' (exact) or 'repr'")
         if acl_grad and objective == "ce":
             raise bad_value("acl_grad", acl_grad, "True only with a contrastive objective",
                             "drop acl_grad or pick 'ce+scl', 'acl-embed' or 'acl'")

@@ -42,12 +42,13 @@ def toy_dataset(n: int = N, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     return rows
 
 
-def tiny_model(kind: str, seed: int = 0) -> nn.Module:
+def tiny_model(kind: str, seed: int = 0, initializer_range: float = 0.02) -> nn.Module:
     torch.manual_seed(seed)
+    sizes = {**SIZES, "initializer_range": initializer_range}
     if kind == "bert":
-        return BertForSequenceClassification(BertConfig(vocab_size=VOCAB, max_position_embeddings=32, **SIZES))
+        return BertForSequenceClassification(BertConfig(vocab_size=VOCAB, max_position_embeddings=32, **sizes))
     return RobertaForSequenceClassification(RobertaConfig(vocab_size=VOCAB, max_position_embeddings=LENGTH + 4,
-                                                          pad_token_id=1, **SIZES))
+                                                          pad_token_id=1, **sizes))
 
 
 def args(tmp_path: Path, **over) -> TrainingArguments:
@@ -199,7 +200,8 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     for kwargs, match in (({"objective": "me-acl"}, "objective"), ({"lam": -1.0}, "lam"),
                           ({"temperature": 0.0}, "temperature"), ({"anchors": "x"}, "anchors"),
                           ({"threshold": 200.0}, "threshold"), ({"scope": "top"}, "scope"),
-                          ({"objective": "ce", "acl_grad": True}, "acl_grad")):
+                          ({"objective": "ce", "acl_grad": True}, "acl_grad"),
+                          ({"objective": "ce+scl", "scope": "head"}, "SCL does not use the classifier layer")):
         with pytest.raises(AclLabError, match=match):
             ACLTrainer(**common, **kwargs)
 
@@ -212,3 +214,37 @@ def test_regression_labels_are_refused_for_a_contrastive_objective(tmp_path):
     trainer = ACLTrainer(model=model, args=args(tmp_path), train_dataset=data, objective="acl-embed")
     with pytest.raises(AclLabError, match="integer class label"):
         trainer.train()
+
+
+def test_two_gloo_processes_under_torchrun_match_one_process(tmp_path):
+    """torchrun, 2 CPU processes x 4 samples against 1 process x 8 (same order, SGD, dropout 0): the global-batch
+    contrastive terms (gather_with_grad) and the gate deciding on averaged gradients make every logged part,
+    every gate decision and the final weights agree. Runs hf_ddp_worker.py's five runs (~20 s on 2 cores)."""
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    import hf_ddp_worker as worker
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(Path(worker.__file__)), str(tmp_path / "ddp"), "8"],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    decisions = []
+    for name in worker.RUNS:
+        ddp = torch.load(tmp_path / "ddp" / f"{name}.pt", weights_only=False)
+        one = worker.run(name, tmp_path / "one", 8)
+        assert ddp["world_size"] == 2 and one["world_size"] == 1
+        assert len(ddp["logs"]) == len(one["logs"]) == worker.STEPS
+        for a, b in zip(ddp["logs"], one["logs"]):
+            for key in ("loss", "ce", "aux", "cos", "angle", "kept"):
+                if key in b:  # angles in degrees: 1e-4 deg is 2e-6 rad (float32 gradients summed in another order)
+                    tol = 1e-4 if key == "angle" else 1e-5
+                    assert abs(a[key] - b[key]) < tol, (name, key, a[key], b[key])
+        assert [g["kept"] for g in ddp["gate"]] == [g["kept"] for g in one["gate"]], name
+        assert (len(one["gate"]) == worker.STEPS) == (name != "acl-embed")
+        decisions += [g["kept"] for g in one["gate"]]
+        for key, value in one["params"].items():
+            assert torch.allclose(ddp["params"][key], value, atol=1e-5, rtol=0), (name, key)
+    assert True in decisions and False in decisions, "the runs should exercise both gate decisions"
