@@ -120,6 +120,23 @@ def test_threshold_zero_drops_every_batch_and_equals_plain_trainer_ce(tmp_path, 
         assert torch.equal(plain[k], acl[k]), f"{k} differs from the plain Trainer's CE run"
 
 
+def test_ce_objective_equals_plain_trainer(tmp_path):
+    plain_model, ce_model = tiny_model("bert"), tiny_model("bert")
+    Trainer(model=plain_model, args=args(tmp_path / "plain"), train_dataset=toy_dataset()).train()
+    ACLTrainer(model=ce_model, args=args(tmp_path / "ce"), train_dataset=toy_dataset(), objective="ce").train()
+    for k, v in plain_model.state_dict().items():
+        assert torch.equal(v, ce_model.state_dict()[k]), k
+
+
+def test_bf16_autocast_on_cpu_trains_the_gated_objective(tmp_path):
+    """Under the Trainer's bf16 autocast the contrastive terms are computed in float32 (acl_lab.losses)."""
+    trainer = ACLTrainer(model=tiny_model("bert"), args=args(tmp_path, bf16=True), train_dataset=toy_dataset(),
+                         objective="acl")
+    logs = train_logs(trainer)
+    assert len(trainer.gate_history) == 3
+    assert all(math.isfinite(row[k]) for row in logs for k in ("loss", "ce", "aux", "cos", "angle"))
+
+
 def test_gate_under_gradient_accumulation_matches_the_ungated_objective(tmp_path):
     """threshold 180 keeps every term: the gated path (ACLGrad + the accelerator's scaling) must then apply
     the same update as acl-embed through accelerator.backward, with 2 micro-batches per step. Plain SGD, so
