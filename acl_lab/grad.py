@@ -18,7 +18,8 @@ Under DDP (``distributed=True``) the decision is taken once, on global
 gradients, so every rank makes the same one: the exact scope averages g_CE and
 g_aux over the processes (one coalesced all-reduce of both, i.e. twice the
 gradient bytes DDP itself sends, per micro-batch) and must run outside DDP's own
-gradient sync (``model.no_sync()``), because it writes the averaged update into
+gradient sync -- forward AND backward inside ``model.no_sync()``, since DDP arms its
+reducer hooks in the forward pass -- because it writes the averaged update into
 ``.grad`` itself; ``"params"`` averages the two scope gradients; ``"repr"``
 sums the dot product and squared norms over ranks (each rank holds its own
 samples' representations, so the global vector is their concatenation). The
@@ -184,9 +185,9 @@ class ACLGrad:
         scope_params: the parameter subset for ``scope="params"`` (required
             there, not allowed otherwise).
         distributed: decide on gradients reduced over all processes (DDP; see
-            the module docstring). With ``scope="all"`` call :meth:`backward`
-            inside ``model.no_sync()``: the averaged update is written into
-            ``.grad`` here. Without a process group it changes nothing.
+            the module docstring). With ``scope="all"`` run the forward pass and
+            :meth:`backward` inside ``model.no_sync()``: the averaged update is
+            written into ``.grad`` here. Without a process group it changes nothing.
     """
 
     def __init__(
