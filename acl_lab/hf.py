@@ -371,12 +371,13 @@ class ACLTrainer(Trainer):
         return 1.0 - sum(r["kept"] for r in self.gate_history) / len(self.gate_history)
 
 
-def sequence_classifier(name: str, num_labels: int, seed: int = 0):
+def sequence_classifier(name: str, num_labels: int, seed: int = 0, dropout: float | None = None):
     """``(model, tokenizer)``: an ``AutoModelForSequenceClassification`` for the kit's model names.
 
     ``"minilm-l6"`` is the offline pretrained MiniLM-L6 (:func:`acl_lab.assets.model_dir`) with a fresh
     classifier; ``"tiny"`` the 4-layer random BERT of width 32 (:data:`acl_lab.model.TINY_CONFIG`) with the
     MiniLM tokenizer, for tests and the smoke preset; anything else a local folder or a hub id.
+    ``dropout`` (when given) sets the BERT-family config's hidden, attention and classifier dropout.
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertConfig, \
         BertForSequenceClassification
@@ -385,6 +386,8 @@ def sequence_classifier(name: str, num_labels: int, seed: int = 0):
     from .model import OFFLINE_DEFAULT, TINY, TINY_CONFIG, _quiet_transformers
 
     source = str(model_dir(OFFLINE_DEFAULT)) if name in (TINY, OFFLINE_DEFAULT) else name
+    drop = {} if dropout is None else dict(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                                           classifier_dropout=dropout)
     try:
         with _quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(source)
@@ -392,10 +395,10 @@ def sequence_classifier(name: str, num_labels: int, seed: int = 0):
                 torch.manual_seed(seed)  # the fresh classifier (or the whole tiny model) from the seed
                 if name == TINY:
                     config = BertConfig(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id,
-                                        num_labels=num_labels, **TINY_CONFIG)
+                                        num_labels=num_labels, **TINY_CONFIG, **drop)
                     model = BertForSequenceClassification(config)
                 else:
-                    model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=num_labels)
+                    model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=num_labels, **drop)
     except OSError as exc:
         raise AclLabError(
             f"Could not load model {name!r} ({str(exc).splitlines()[0][:200]}). Fix: use 'minilm-l6' (offline), "
