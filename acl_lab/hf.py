@@ -23,7 +23,7 @@ ELECTRA, ALBERT, XLM-R... without per-model code):
    linear, rescales...) is refused with an :class:`AclLabError`, as is a model with no
    such layer. Both errors say to pass ``classifier=``.
 
-The objective's two halves are those of :mod:`acl_lab.objectives`: ``ce`` is the model's
+The objective splits in two halves as in :mod:`acl_lab.objectives`: ``ce`` is the model's
 own loss as the plain ``Trainer``'s ``compute_loss`` gives it (label smoothing and
 ``compute_loss_func`` included), ``aux = lam * SCL`` (``ce+scl``) or ``lam * ACL-Embed``
 (``acl-embed``, ``acl``) from :mod:`acl_lab.losses`; ``acl`` gates ``aux`` with

@@ -72,6 +72,32 @@ def test_classifier_rule_finds_the_layer_that_outputs_the_logits(kind):
     assert layer.out_features == 2 and layer.in_features == 32
 
 
+def _other_config(name: str):
+    import transformers as T
+
+    common = dict(vocab_size=VOCAB, max_position_embeddings=32, num_labels=2)
+    return {"distilbert": lambda: T.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, **common),
+            "deberta-v2": lambda: T.DebertaV2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                    intermediate_size=64, pooler_hidden_size=32, **common),
+            "electra": lambda: T.ElectraConfig(embedding_size=32, hidden_size=32, num_hidden_layers=2,
+                                               num_attention_heads=2, intermediate_size=64, **common),
+            "albert": lambda: T.AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=2, intermediate_size=64, **common)}[name]()
+
+
+@pytest.mark.parametrize("name, layer", [("distilbert", "classifier"), ("deberta-v2", "classifier"),
+                                         ("electra", "classifier.out_proj"), ("albert", "classifier")])
+def test_other_architectures_by_the_same_rule(tmp_path, name, layer):
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(_other_config(name))
+    trainer = ACLTrainer(model=model, args=args(tmp_path, max_steps=2), train_dataset=toy_dataset(), objective="acl")
+    trainer.train()
+    assert trainer.classifier_name == layer
+    assert len(trainer.gate_history) == 2 and all(0.0 < g["angle"] < 180.0 for g in trainer.gate_history)
+
+
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_each_objective_trains_and_logs_its_parts(tmp_path, kind, objective):
