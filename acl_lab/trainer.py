@@ -38,7 +38,7 @@ from .losses import acl_embed_loss, supcon_loss
 from .model import MultiExitClassifier, build_model
 from .objectives import compute_losses
 from .tasks import TaskSpec, get_task
-from .utils import amp_dtype, autocast, get_device, set_seed
+from .utils import amp_dtype, autocast, get_device, grad_scaler, set_seed
 
 RUN_FILES = ("config.json", "history.jsonl", "metrics.json", "representations.safetensors", "checkpoints")
 EVAL_BATCH_SIZE = 64
@@ -258,7 +258,7 @@ def train(config: TrainConfig | dict, resume: bool = False, overwrite: bool = Fa
 
     optimizer = _optimizer(model, cfg)
     scheduler = _scheduler(optimizer, total_steps, cfg.warmup_ratio)
-    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+    scaler = grad_scaler(device, dtype)
     gate = _make_gate(model, cfg) if cfg.use_acl_grad else None
     state: dict[str, Any] = {"step": 0, "epoch": 0, "micro_in_epoch": 0, "best_score": None, "best_step": None,
                              "train_seconds": 0.0}
