@@ -11,6 +11,18 @@ import torch
 from .errors import bad_value
 
 DEVICES = ("auto", "cuda", "mps", "cpu")
+# Defaults that keep every logging integration off and nothing waiting for a login (W&B, MLflow, Comet, the hub's
+# telemetry) unless the user set the variable: transformers switches these integrations on by itself when it
+# finds their packages installed (as on Colab), and W&B then asks for an API key on the first Trainer run.
+QUIET_ENV = {"WANDB_DISABLED": "true", "WANDB_MODE": "disabled", "DISABLE_MLFLOW_INTEGRATION": "TRUE",
+             "COMET_MODE": "DISABLED", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def quiet_integrations() -> dict[str, str]:
+    """Set :data:`QUIET_ENV` defaults in ``os.environ`` (a value the user set is kept); return what is in force."""
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in QUIET_ENV}
 
 
 def set_seed(seed: int) -> None:
