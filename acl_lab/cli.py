@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _evidence_parts() -> tuple[str, ...]:
-    from .evidence import PARTS
+    from .lab.evidence import PARTS
 
     return PARTS
 
@@ -173,7 +173,7 @@ def _cmd_early_exit(args) -> None:
 
 
 def _cmd_batch(args) -> int:
-    from .batch import expand_grid, load_grid, previous_run, run_grid
+    from .lab.batch import expand_grid, load_grid, previous_run, run_grid
 
     if not args.dry_run:
         df = run_grid(args.grid, resume=not args.no_resume)
@@ -191,7 +191,7 @@ def _cmd_batch(args) -> int:
 
 
 def _cmd_suite(args) -> int:
-    from .batch import run_suite
+    from .lab.batch import run_suite
 
     names = [n.strip() for n in args.notebooks.split(",") if n.strip()] if args.notebooks else None
     df = run_suite(args.preset, output_dir=args.output_dir, notebooks=names, kernel_name=args.kernel,
@@ -208,7 +208,7 @@ def _numbers(text: str, kind, flag: str) -> list:
 
 
 def _cmd_evidence(args) -> int:
-    from .evidence import EvidencePlan, build_report, run_evidence
+    from .lab.evidence import EvidencePlan, build_report, run_evidence
 
     if not args.report_only:
         plan = EvidencePlan(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from .errors import AclLabError, bad_value
-from .model import POOLINGS
 
 SINGLE_EXIT_OBJECTIVES = ("ce", "ce+scl", "acl-embed", "acl")
 MULTI_EXIT_OBJECTIVES = ("me-ce", "me-acl", "me-acl-cl")
@@ -23,13 +22,16 @@ EXIT_WEIGHTS = ("uniform", "ascending", "descending")
 ANGLE_SCOPES = ("all", "top-layer", "head", "repr")
 ANCHORS = ("all", "samples")
 AMP = ("auto", "off", "bf16", "fp16")
+POOLINGS = ("cls", "mean")  # exit representation: first token (the paper) or the mean over real tokens
+#: the pilot study's conflict line and the default ACL-Grad threshold: above 90 degrees two gradients point apart
+CONFLICT_DEGREES = 90.0
 
 
 @dataclass
 class TrainConfig:
     """Everything that defines a fine-tuning run.
 
-    ``objective`` picks the loss (see PAPER.md): single exit ``ce``, ``ce+scl``,
+    ``objective`` picks the loss (see docs/METHOD.md): single exit ``ce``, ``ce+scl``,
     ``acl-embed``, ``acl`` (= ACL-Embed + ACL-Grad); multi-exit ``me-ce``,
     ``me-acl`` (ACL-Embed at every exit), ``me-acl-cl`` (plus the cross-layer term).
     ``acl_grad`` switches the gradient gate on or off for any contrastive objective;
@@ -60,14 +62,14 @@ class TrainConfig:
     grad_accum: int = 1
     max_grad_norm: float | None = 1.0
     dropout: float = 0.1
-    pooling: str = "cls"  # exit representation: "cls" (PAPER.md) or "mean" over tokens (this kit's option)
+    pooling: str = "cls"  # exit representation: "cls" (the paper, docs/METHOD.md) or "mean" over tokens (this kit's option)
     # objective
     lam: float = 0.1
     mu: float = 0.1
     temperature: float = 0.1
     anchors: str = "all"
     acl_grad: bool | None = None
-    threshold: float = 90.0
+    threshold: float = CONFLICT_DEGREES
     angle_scope: str = "all"
     exit_weights: str = "uniform"
     probe_angles: bool = False  # pilot study: log angles of grad(CE) vs grad(SCL) and grad(ACL-Embed) every step
@@ -109,7 +111,7 @@ class TrainConfig:
         if self.pooling not in POOLINGS:
             raise bad_value("pooling", self.pooling, POOLINGS, "use 'cls' (the paper's [CLS] exits) or 'mean'.")
         if self.anchors not in ANCHORS:
-            raise bad_value("anchors", self.anchors, ANCHORS, "use 'all' (the default reading of PAPER.md).")
+            raise bad_value("anchors", self.anchors, ANCHORS, "use 'all' (the default reading of the paper, docs/METHOD.md).")
         if self.amp not in AMP:
             raise bad_value("amp", self.amp, AMP, "use 'auto' (mixed precision on CUDA only), or bf16 / fp16 "
                             "to force it (CUDA or CPU).")

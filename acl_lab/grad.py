@@ -1,6 +1,6 @@
 """ACL-Grad: gate an auxiliary (contrastive) loss by its gradient angle to CE.
 
-Per mini-batch (PAPER.md, "ACL-Grad")::
+Per mini-batch (docs/METHOD.md, "ACL-Grad")::
 
     cos   = <g_CE, g_aux> / (||g_CE|| * ||g_aux|| + eps)
     angle = degrees(arccos(cos))

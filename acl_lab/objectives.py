@@ -1,4 +1,4 @@
-"""Turn a forward pass into the losses of each objective (PAPER.md).
+"""Turn a forward pass into the losses of each objective (docs/METHOD.md).
 
 The loss of every objective splits into a cross-entropy part and an auxiliary
 (contrastive) part, ``total = ce + aux``; ACL-Grad gates ``aux`` against ``ce``.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .config import TrainConfig
+from .config import EXIT_WEIGHTS, TrainConfig
 from .errors import bad_value
 from .losses import acl_cross_layer_loss, acl_embed_loss, supcon_loss
 from .model import ExitOutputs, MultiExitClassifier
@@ -43,7 +43,7 @@ def exit_weights(kind: str, num_exits: int) -> list[float]:
         return [float(k) for k in range(1, num_exits + 1)]
     if kind == "descending":
         return [float(k) for k in range(num_exits, 0, -1)]
-    raise bad_value("exit_weights", kind, ("uniform", "ascending", "descending"), "use 'uniform'.")
+    raise bad_value("exit_weights", kind, EXIT_WEIGHTS, "use 'uniform'.")
 
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:

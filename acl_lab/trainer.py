@@ -22,7 +22,6 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,28 +36,11 @@ from .grad import ACLGrad, angle_degrees, gradient_cosines
 from .losses import acl_embed_loss, supcon_loss
 from .model import MultiExitClassifier, build_model
 from .objectives import compute_losses
+from .result import RUN_FILES, TrainResult, load_result
 from .tasks import TaskSpec, get_task
 from .utils import amp_dtype, autocast, get_device, grad_scaler, set_seed
 
-RUN_FILES = ("config.json", "history.jsonl", "metrics.json", "representations.safetensors", "checkpoints")
 EVAL_BATCH_SIZE = 64
-
-
-@dataclass
-class TrainResult:
-    """What a run produced: final metrics, the per-step history and where things were written."""
-
-    config: TrainConfig
-    metrics: dict[str, Any]
-    history: list[dict[str, Any]] = field(default_factory=list)
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    output_dir: Path = Path(".")
-
-    @property
-    def paths(self) -> dict[str, Path]:
-        out = self.output_dir
-        return {"metrics": out / "metrics.json", "history": out / "history.jsonl", "best": out / "checkpoints" / "best",
-                "last": out / "checkpoints" / "last", "representations": out / "representations.safetensors"}
 
 
 class _Interrupted(KeyboardInterrupt):
@@ -415,18 +397,3 @@ def _update_bar(bar, row: dict) -> None:
         post["angle"] = f"{row['angle']:.0f}"
     bar.set_postfix(post, refresh=False)
     bar.update(1)
-
-
-def load_result(output_dir: str | Path) -> TrainResult:
-    """Read a finished run back from its output directory (metrics, history, config)."""
-    out = Path(output_dir)
-    if not (out / "metrics.json").is_file():
-        raise AclLabError(f"{str(out)!r} holds no finished run (no metrics.json). Fix: train it first, or resume it "
-                          "with resume=True (--resume).")
-    metrics = json.loads((out / "metrics.json").read_text())
-    steps, evals = [], []
-    if (out / "history.jsonl").exists():
-        for line in (out / "history.jsonl").read_text().splitlines():
-            row = json.loads(line)
-            (evals if row.get("event") == "eval" else steps).append(row)
-    return TrainResult(TrainConfig.from_dict(metrics["config"]), metrics, steps, evals, out)

@@ -66,9 +66,11 @@ def amp_dtype(device: torch.device, amp: str = "auto") -> torch.dtype | None:
     or ``fp16`` is honoured on CUDA and on CPU (``torch.autocast("cpu")``, so
     the mixed-precision path can be tested without a GPU); MPS trains in float32.
     """
-    if amp not in ("auto", "off", "bf16", "fp16"):
-        raise bad_value("amp", amp, ("auto", "off", "bf16", "fp16"),
-                        "use 'auto' (mixed precision on CUDA only), or bf16 / fp16 to force it (CUDA or CPU).")
+    from .config import AMP
+
+    if amp not in AMP:
+        raise bad_value("amp", amp, AMP, "use 'auto' (mixed precision on CUDA only), or bf16 / fp16 to force it "
+                        "(CUDA or CPU).")
     if amp == "off" or device.type not in AMP_DEVICES or (amp == "auto" and device.type != "cuda"):
         return None
     if amp == "fp16":

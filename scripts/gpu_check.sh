@@ -32,7 +32,7 @@ FAILED=0
   echo
   echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "- command: bash scripts/gpu_check.sh --device $DEVICE$([ $TINY = 1 ] && echo ' --tiny')"
-  echo "- $("$PY" -c 'import torch, acl_lab; from acl_lab.notebook import device_line; print(f"acl_lab {acl_lab.__version__}, torch {torch.__version__}, cuda {torch.version.cuda}; {device_line()}")' 2>&1 | tail -1)"
+  echo "- $("$PY" -c 'import torch, acl_lab; from acl_lab.lab.notebook import device_line; print(f"acl_lab {acl_lab.__version__}, torch {torch.__version__}, cuda {torch.version.cuda}; {device_line()}")' 2>&1 | tail -1)"
   if command -v nvidia-smi >/dev/null; then echo "- nvidia-smi: $(nvidia-smi -L 2>&1 | head -2 | tr '\n' ' ')"; fi
   echo
 } > "$REPORT"

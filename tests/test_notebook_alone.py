@@ -24,7 +24,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from acl_lab.notebook import read_metrics
+from acl_lab.lab.notebook import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ("00_tour.ipynb", "02_acl_finetuning.ipynb")
@@ -114,8 +114,8 @@ def test_wheel_ships_the_notebooks_and_grids(alone):
 
 def test_the_venv_holds_only_torch_and_the_wheel(alone):
     """acl_lab comes from the venv's site-packages (not the checkout), torch is the CPU wheel that was there."""
-    code = ("import acl_lab, acl_lab.batch, torch, sys; print(acl_lab.__file__); print(torch.__version__); "
-            f"print(acl_lab.batch.NOTEBOOKS_DIR); print(any(p.startswith({str(REPO)!r}) for p in sys.path if p))")
+    code = ("import acl_lab, acl_lab.lab.batch, torch, sys; print(acl_lab.__file__); print(torch.__version__); "
+            f"print(acl_lab.lab.batch.NOTEBOOKS_DIR); print(any(p.startswith({str(REPO)!r}) for p in sys.path if p))")
     out = subprocess.run([str(alone["py"]), "-c", code], env=alone["env"], cwd=alone["work"], capture_output=True,
                          text=True, check=True).stdout.split()
     venv = alone["root"] / "venv"

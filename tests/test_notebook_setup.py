@@ -1,4 +1,4 @@
-"""The setup cell every notebook opens with (acl_lab.notebook.setup_runtime), logins off, Google Drive as the
+"""The setup cell every notebook opens with (acl_lab.lab.notebook.setup_runtime), logins off, Google Drive as the
 working folder on Colab (with a stand-in for google.colab), and notebook 03's PCA fallback where umap fails."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import nbformat
 import numpy as np
 import pytest
 
-from acl_lab import alignment
+from acl_lab.analysis import representations as alignment
 from acl_lab.errors import AclLabError
-from acl_lab.notebook import setup_runtime, use_drive
+from acl_lab.lab.notebook import setup_runtime, use_drive
 from acl_lab.utils import QUIET_ENV, quiet_integrations
 from conftest import NOTEBOOKS
 
@@ -127,7 +127,7 @@ def test_umap_import_failure_falls_back_to_pca(monkeypatch, capsys, failure):
 def test_umap_is_imported_lazily():
     import subprocess
 
-    code = ("import sys, acl_lab.alignment, acl_lab.notebook, acl_lab.plots; "
+    code = ("import sys, acl_lab.analysis.representations, acl_lab.lab.notebook, acl_lab.viz.plots; "
             "print('umap' in sys.modules, 'numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]

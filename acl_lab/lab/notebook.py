@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import AclLabError
+from ..errors import AclLabError
 
 PACKAGES = ("acl_lab", "torch", "transformers", "datasets", "numpy", "scikit-learn", "matplotlib", "umap-learn",
             "ipywidgets", "papermill")
@@ -32,7 +32,7 @@ def versions() -> dict[str, str]:
 
 def print_versions() -> None:
     """Print package versions and the device the kit will use."""
-    from .utils import get_device
+    from ..utils import get_device
 
     for name, version in versions().items():
         print(f"{name:>14}: {version}")
@@ -89,7 +89,7 @@ def device_line() -> str:
     """One line: the device the kit will use and, on CUDA, the GPU's name and memory."""
     import torch
 
-    from .utils import get_device
+    from ..utils import get_device
 
     device = get_device("auto")
     if device.type == "cuda":
@@ -130,9 +130,8 @@ def setup_runtime(drive_folder: str | None = None) -> dict[str, str]:
     """
     import os
 
-    from .utils import quiet_integrations
-
-    from . import __version__
+    from .. import __version__
+    from ..utils import quiet_integrations
 
     quiet_integrations()
     v = versions()

@@ -8,7 +8,7 @@ what each measured. Here every run leaves
 * its artifacts under its own ``OUTPUT_DIR``,
 * one row in ``results.csv`` and ``results.md``: status, seconds, error, the grid
   parameters, and the headline numbers the notebook wrote with
-  :func:`acl_lab.notebook.record_metrics`.
+  :func:`acl_lab.lab.notebook.record_metrics`.
 
 A failed run does not stop the batch. A rerun skips every run whose executed copy is
 a completed run of the same notebook code with the same parameters, so an interrupted
@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import itertools
 import json
-import math
 import os
 import re
 import shutil
@@ -35,8 +34,9 @@ import pandas as pd
 import papermill as pm
 import yaml
 
-from acl_lab.assets import notebooks_dir  # absolute: survives the move into a subpackage
-from .errors import AclLabError
+from ..analysis.tables import markdown_table, text
+from ..assets import notebooks_dir
+from ..errors import AclLabError
 
 NOTEBOOKS_DIR = notebooks_dir()  # the checkout's notebooks/, or the copy shipped in the wheel
 GRID_KEYS = ("notebooks", "output_dir", "output_template", "kernel", "timeout", "parameters", "grid")
@@ -400,26 +400,9 @@ def previous_run(input_path: Path, output_path: Path, parameters: Mapping[str, A
 # ---------------------------------------------------------------------------
 # batches
 # ---------------------------------------------------------------------------
-def _text(value: Any) -> str:
-    """A table value as short text: floats to 4 significant digits, missing values empty."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value)
-
-
 def _cell(value: Any) -> Any:
     """A parameter value for a table cell: lists become comma-joined text (hashable, groupable)."""
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    """``df`` as a GitHub markdown table (no ``tabulate`` needed); floats to 4 significant digits."""
-    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
-    lines += ["| " + " | ".join(_text(v).replace("|", "\\|").replace("\n", " ") for v in row) + " |"
-              for row in df.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -492,7 +475,8 @@ def run_grid(grid: str | Path | Mapping[str, Any], resume: bool = True, progress
 
 
 def run_suite(preset: str = "quick", output_dir: str | Path | None = None, notebooks: list[str] | None = None,
-              kernel_name: str | None = None, resume: bool = True, progress: bool = True) -> pd.DataFrame:
+              kernel_name: str | None = None, resume: bool = True, progress: bool = True,
+              timeout: int | None = None) -> pd.DataFrame:
     """Run the kit's notebooks in numbered order with ``PRESET=preset`` and one shared artifacts folder.
 
     ``output_dir`` (default ``outputs/suite-<preset>``) receives the executed copies
@@ -502,13 +486,14 @@ def run_suite(preset: str = "quick", output_dir: str | Path | None = None, noteb
     headline metrics as ``key=value`` text). ``notebooks`` picks some by stem or file
     name; they still run in numbered order. A failure does not stop the suite.
     """
-    from .presets import check_preset
+    from ..presets import check_preset
 
     check_preset(preset)
     out = Path(output_dir or f"outputs/suite-{preset}").absolute()
     chosen = sorted({find_notebook(n, NOTEBOOKS_DIR) for n in notebooks}) if notebooks else suite_notebooks()
     if not chosen:
-        raise AclLabError(f"No notebooks NN_*.ipynb in {str(NOTEBOOKS_DIR)!r}. Fix: run from a source checkout, or reinstall acl_lab from its wheel.")
+        raise AclLabError(f"No notebooks NN_*.ipynb in {str(NOTEBOOKS_DIR)!r}. Fix: run from a source checkout, "
+                          "or reinstall acl_lab from its wheel.")
     kernel = kernel_name or default_kernel()
     if kernel not in _kernels():
         raise AclLabError(f"Kernel {kernel!r} is not registered; available: {', '.join(_kernels())}. Fix: run "
@@ -518,11 +503,11 @@ def run_suite(preset: str = "quick", output_dir: str | Path | None = None, noteb
              for nb in chosen]
 
     def table(records: list[RunRecord]) -> pd.DataFrame:
-        return pd.DataFrame([_row(r, {"metrics": "; ".join(f"{k}={_text(v)}" for k, v in r.metrics.items())})
+        return pd.DataFrame([_row(r, {"metrics": "; ".join(f"{k}={text(v)}" for k, v in r.metrics.items())})
                              for r in records])
 
     start = time.perf_counter()
-    df = _execute(specs, out, kernel, None, resume, progress, table)
+    df = _execute(specs, out, kernel, timeout, resume, progress, table)
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     pngs = sorted((out / "artifacts" / preset / "figures").glob("*.png"))
