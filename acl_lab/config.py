@@ -120,7 +120,8 @@ class TrainConfig:
         if self.dist_backend not in DIST_BACKENDS:
             raise bad_value("dist_backend", self.dist_backend, DIST_BACKENDS, "use 'auto' (gloo on CPU, nccl on CUDA).")
         if self.amp not in AMP:
-            raise bad_value("amp", self.amp, AMP, "use 'auto' (mixed precision on CUDA only).")
+            raise bad_value("amp", self.amp, AMP, "use 'auto' (mixed precision on CUDA only), or bf16 / fp16 "
+                            "to force it (CUDA or CPU).")
         _at_least(self, "lam", 0.0, "lambda must be >= 0; use 0 to switch the contrastive term off.")
         _at_least(self, "mu", 0.0, "mu must be >= 0; use 0 to switch the cross-layer term off.")
         if not self.temperature > 0:

@@ -51,7 +51,7 @@ from .model import MultiExitClassifier, build_model
 from .objectives import compute_losses, probe_losses
 from .result import RUN_FILES, TrainResult, load_result
 from .tasks import TaskSpec, get_task
-from .utils import amp_dtype, autocast, get_device, set_seed
+from .utils import amp_dtype, autocast, get_device, grad_scaler, set_seed
 
 EVAL_BATCH_SIZE = 64
 
@@ -316,7 +316,7 @@ class Trainer:
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
         self.optimizer = make_optimizer(self.model, cfg)
         self.scheduler = make_scheduler(self.optimizer, self.total_steps, cfg.warmup_ratio)
-        self.scaler = torch.amp.GradScaler("cuda") if self.dtype == torch.float16 else None
+        self.scaler = grad_scaler(self.device, self.dtype)
         reduce = dist.all_reduce_mean if dist.is_distributed() else None
         self.gate: ACLGrad | None = make_gate(self.model, cfg, reduce) if cfg.use_acl_grad else None
         self.state = TrainState()

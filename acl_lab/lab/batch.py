@@ -35,9 +35,10 @@ import papermill as pm
 import yaml
 
 from ..analysis.tables import markdown_table, text
+from ..assets import notebooks_dir
 from ..errors import AclLabError
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOKS_DIR = notebooks_dir()  # the checkout's notebooks/, or the copy shipped in the wheel
 GRID_KEYS = ("notebooks", "output_dir", "output_template", "kernel", "timeout", "parameters", "grid")
 DEFAULT_TEMPLATE = "{notebook}/{name}.ipynb"
 # the declared default's type -> the value types a run may give it (an int is a fine float)
@@ -491,7 +492,8 @@ def run_suite(preset: str = "quick", output_dir: str | Path | None = None, noteb
     out = Path(output_dir or f"outputs/suite-{preset}").absolute()
     chosen = sorted({find_notebook(n, NOTEBOOKS_DIR) for n in notebooks}) if notebooks else suite_notebooks()
     if not chosen:
-        raise AclLabError(f"No notebooks NN_*.ipynb in {str(NOTEBOOKS_DIR)!r}. Fix: run from a source checkout.")
+        raise AclLabError(f"No notebooks NN_*.ipynb in {str(NOTEBOOKS_DIR)!r}. Fix: run from a source checkout, "
+                          "or reinstall acl_lab from its wheel.")
     kernel = kernel_name or default_kernel()
     if kernel not in _kernels():
         raise AclLabError(f"Kernel {kernel!r} is not registered; available: {', '.join(_kernels())}. Fix: run "
