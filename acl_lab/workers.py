@@ -15,8 +15,8 @@ only executes one :class:`~acl_lab.batch.RunSpec` and hands back its
 
 Threads per run (the rule): a run gets ``max(1, cores // slots)`` threads, where cores
 are the CPUs this process may use (``os.sched_getaffinity``) and slots are the runs that
-execute at once on that machine: N for ``--jobs N``; for Dask, the summed ``nthreads``
-of the workers on the worker's host. They reach torch (and NumPy, numba, tokenizers)
+execute at once on those CPUs: N for ``--jobs N``; for Dask, the summed ``nthreads`` of
+the workers on the worker's host with the same CPUs (one Slurm job's workers, say). They reach torch (and NumPy, numba, tokenizers)
 through ``OMP_NUM_THREADS`` and friends in the child's environment, which torch reads
 when it starts. ``--jobs 1`` leaves the threads as they are (torch's default: all cores).
 
@@ -48,12 +48,16 @@ CONNECT_TIMEOUT = "20s"  # how long --scheduler waits for the scheduler to answe
 INSTALL_HINT = "pip install acl_lab[cluster]"
 
 
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity mask, e.g. a Slurm allocation), else ``os.cpu_count()``."""
+def usable_cpus() -> tuple[int, ...]:
+    """The CPUs this process may run on (its affinity mask, e.g. a Slurm allocation), else all of them."""
     try:
-        return len(os.sched_getaffinity(0))
+        return tuple(sorted(os.sched_getaffinity(0)))
     except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
+        return tuple(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    return len(usable_cpus())
 
 
 def threads_per_run(slots: int, cores: int | None = None) -> int:
@@ -159,9 +163,12 @@ def run_in_subprocess(job: dict[str, Any], threads: int | None,
         if record_path.is_file():
             return json.loads(record_path.read_text())
         reason = _death_reason(returncode, log)
+    return _failed_dict(job, reason, time.perf_counter() - start)
+
+
+def _failed_dict(job: dict[str, Any], reason: str, seconds: float = 0.0) -> dict[str, Any]:
     return {"name": job["name"], "notebook": job["notebook"], "parameters": job["parameters"],
-            "output_path": job["output"], "status": "failed", "error": reason,
-            "seconds": time.perf_counter() - start, "metrics": {}}
+            "output_path": job["output"], "status": "failed", "error": reason, "seconds": seconds, "metrics": {}}
 
 
 # ---------------------------------------------------------------------------
@@ -256,23 +263,45 @@ def run_on_worker(job: dict[str, Any], threads_by_worker: dict[str, int]) -> dic
     Threads: this worker's entry in ``threads_by_worker`` (computed by the client from
     every worker's host), else ``threads_per_run(nthreads of this worker)`` for a worker
     that joined later.
+
+    A worker that dies mid-run: the scheduler hands the task to another worker, which
+    finds the attempt file the first one left beside the output (same submission id)
+    and returns a "failed" record naming the dead worker instead of running it again,
+    so a notebook that kills its worker (out of memory, say) does not kill the next.
     """
     from distributed import get_worker
 
     worker = get_worker()
+    marker = Path(job["attempt_file"])
+    try:
+        earlier = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        earlier = None
+    if earlier and earlier.get("id") == job["attempt_id"]:
+        return _failed_dict(job, f"the Dask worker running it died ({earlier['worker']}, pid {earlier['pid']}, "
+                                 f"{time.time() - earlier['started']:.0f} s after the run started; its log says "
+                                 "why); not retried: rerun the batch to run it again")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"id": job["attempt_id"], "worker": worker.address, "pid": os.getpid(),
+                                  "started": time.time()}))
     threads = threads_by_worker.get(worker.address) or threads_per_run(worker.state.nthreads)
-    return run_in_subprocess(job, threads)
+    try:
+        return run_in_subprocess(job, threads)
+    finally:
+        marker.unlink(missing_ok=True)
 
 
 def _host_threads(client) -> dict[str, int]:
-    """{worker address: threads per run}: the worker's host's cores over the task slots of all its workers."""
+    """{worker address: threads per run}: the CPUs a worker may use over the task slots (threads) of all the
+    workers that share those CPUs (same host, same affinity mask: e.g. the workers of one Slurm job)."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
-    cores = client.run(usable_cores)
-    slots = Counter()
-    for info in workers.values():
-        slots[info["host"]] += info["nthreads"]
-    return {addr: threads_per_run(slots[info["host"]], cores[addr]) for addr, info in workers.items()
-            if addr in cores}
+    cpus = client.run(usable_cpus)
+    slots: Counter = Counter()
+    for addr, info in workers.items():
+        if addr in cpus:
+            slots[info["host"], tuple(cpus[addr])] += info["nthreads"]
+    return {addr: threads_per_run(slots[info["host"], tuple(cpus[addr])], len(cpus[addr]))
+            for addr, info in workers.items() if addr in cpus}
 
 
 class DaskCluster:
@@ -280,9 +309,10 @@ class DaskCluster:
 
     The workers must see the notebooks and the grid's ``output_dir`` at the same paths
     (a shared file system), have acl_lab installed and the grid's kernel registered. A
-    worker that dies while running a task makes the scheduler retry it elsewhere up to
-    ``distributed.scheduler.allowed-failures`` times (default 3); then the run is
-    recorded failed with ``KilledWorker`` and the reason.
+    worker that dies while running a task fails that run with the reason (see
+    :func:`run_on_worker`); runs only queued on it go to other workers. Should the
+    scheduler give up first (``distributed.scheduler.allowed-failures``), the run is
+    recorded failed with ``KilledWorker``.
     """
 
     slots = None  # no limit here: the cluster queues the tasks
@@ -299,9 +329,11 @@ class DaskCluster:
         self.threads = _host_threads(self.client)
 
     def submit(self, spec: RunSpec):
-        key = f"acl-lab-{spec.notebook.stem}-{spec.name}-{uuid.uuid4().hex[:8]}"
-        return self.client.submit(run_on_worker, job_dict(spec, self.kernel, self.timeout), self.threads,
-                                  key=key, pure=False, retries=0)
+        attempt = uuid.uuid4().hex
+        job = {**job_dict(spec, self.kernel, self.timeout), "attempt_id": attempt,
+               "attempt_file": str(spec.output_path.with_name(f".{spec.output_path.name}.attempt"))}
+        return self.client.submit(run_on_worker, job, self.threads, key=f"acl-lab-{spec.notebook.stem}-{spec.name}-"
+                                  f"{attempt[:8]}", pure=False, retries=0)
 
     def wait_any(self, futures: list) -> list:
         return list(self.distributed.wait(futures, return_when="FIRST_COMPLETED").done)
@@ -311,8 +343,8 @@ class DaskCluster:
             return record_from_dict(future.result())
         except self.distributed.KilledWorker as exc:
             return failed_record(spec, f"KilledWorker: the Dask worker running it died (last on "
-                                       f"{exc.last_worker.address}, tried on {exc.allowed_failures + 1} worker(s)); "
-                                       "its log says why")
+                                       f"{exc.last_worker.address}, tried on {exc.allowed_failures + 1} worker(s); "
+                                       "its log says why)")
         except Exception as exc:  # noqa: BLE001 - any task error fails this run only
             return failed_record(spec, f"{type(exc).__name__}: {exc}".splitlines()[0])
 
