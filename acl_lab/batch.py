@@ -529,8 +529,9 @@ def _execute(specs: list[RunSpec], output_dir: Path, kernel: str, timeout: int |
         write_results(table([records[j] for j in sorted(records)]), output_dir)
         counts = Counter(r.status for r in records.values())
         detail = f" (earlier run: {rec.seconds:.1f} s)" if rec.status == "skipped" else f" in {rec.seconds:.1f} s"
-        bar.write(f"[{len(records)}/{len(specs)}] {specs[i].notebook.name} {rec.name}: {rec.status}{detail}"
-                  f"{': ' + rec.error if rec.error else ''}")
+        if progress:
+            bar.write(f"[{len(records)}/{len(specs)}] {specs[i].notebook.name} {rec.name}: {rec.status}{detail}"
+                      f"{': ' + rec.error if rec.error else ''}")
         bar.set_postfix_str(f"done {counts['completed'] + counts['skipped']}, failed {counts['failed']}, "
                             f"remaining {len(specs) - len(records)}", refresh=False)
         bar.update(1)

@@ -199,7 +199,7 @@ def dask_cluster():
     cluster.close()
 
 
-def test_dask_cluster_records_failure_and_rerun_skips_completed(tmp_path, dask_cluster):
+def test_dask_cluster_records_failure_and_rerun_skips_completed(tmp_path, dask_cluster, capsys):
     cluster, _ = dask_cluster
     nbs = tmp_path / "nbs"
     toy_notebook(nbs, fail_at=2)
@@ -207,6 +207,10 @@ def test_dask_cluster_records_failure_and_rerun_skips_completed(tmp_path, dask_c
     grid = write_grid(nbs / "g.yaml", notebooks=["toy.ipynb"], output_dir=str(out), kernel=kernel_name(),
                       timeout=120, parameters={"PRESET": "smoke"}, grid={"X": [1, 2, 3]})
     assert main(["batch", str(grid), "--scheduler", cluster.scheduler_address]) == 1
+    out_text, bar = capsys.readouterr()
+    assert "toy.ipynb X=2: failed in" in out_text and ": RuntimeError: boom: X=2" in out_text  # a line per run
+    assert sum(f"toy.ipynb X={x}: completed in" in out_text for x in (1, 3)) == 2
+    assert "done 2, failed 1, remaining 0" in bar  # the tqdm bar's counts
     csv = pd.read_csv(out / "results.csv")
     assert list(csv["name"]) == ["X=1", "X=2", "X=3"]
     assert list(csv["status"]) == ["completed", "failed", "completed"]
@@ -289,8 +293,8 @@ def test_ctrl_c_stops_the_local_runs_and_keeps_the_finished(tmp_path):
     kernel = psutil.Process(int(pid_file.read_text()))
     run = kernel.parent()
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    printed = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 130 and "toy.ipynb X=2: completed in" in printed
     assert gone(run.pid) and gone(kernel.pid)
     csv = pd.read_csv(results)
     assert list(zip(csv["name"], csv["status"])) == [("X=2", "completed")]
