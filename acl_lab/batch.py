@@ -494,6 +494,12 @@ def _row(rec: RunRecord, extra: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
+def failed_record(spec: RunSpec, error: str, seconds: float = 0.0) -> RunRecord:
+    """A "failed" record for a run that gave no record of its own (not run, or its process or worker died)."""
+    return RunRecord(name=spec.name, notebook=spec.notebook, parameters=spec.parameters,
+                     output_path=spec.output_path, status="failed", error=error, seconds=seconds)
+
+
 def _skipped(spec: RunSpec, seconds: float) -> RunRecord:
     return RunRecord(name=spec.name, notebook=spec.notebook, parameters=spec.parameters, output_path=spec.output_path,
                      status="skipped", error=None, seconds=seconds, metrics=gather_metrics(spec.notebook, spec.parameters))
@@ -556,11 +562,8 @@ def _execute(specs: list[RunSpec], output_dir: Path, kernel: str, timeout: int |
                 failed = [n for n in needs if records[n].status == "failed"]
                 if failed:
                     first = specs[failed[0]]
-                    finish(i, RunRecord(name=specs[i].name, notebook=specs[i].notebook,
-                                        parameters=specs[i].parameters, output_path=specs[i].output_path,
-                                        status="failed", seconds=0.0,
-                                        error=f"not run: it runs after {first.notebook.name} {first.name}, "
-                                              "which failed"))
+                    finish(i, failed_record(specs[i], f"not run: it runs after {first.notebook.name} {first.name}, "
+                                                      "which failed"))
                     continue
                 running[runner.submit(specs[i])] = i
             if running:

@@ -39,7 +39,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from .batch import RunRecord, RunSpec, run_notebook
+from .batch import RunRecord, RunSpec, failed_record, run_notebook
 from .errors import AclLabError
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS",
@@ -76,12 +76,6 @@ def record_to_dict(rec: RunRecord) -> dict[str, Any]:
 
 def record_from_dict(d: dict[str, Any]) -> RunRecord:
     return RunRecord(**{**d, "notebook": Path(d["notebook"]), "output_path": Path(d["output_path"])})
-
-
-def failed_record(spec: RunSpec, error: str, seconds: float = 0.0) -> RunRecord:
-    """A "failed" record for a run that gave no record of its own (its process or worker died)."""
-    return RunRecord(name=spec.name, notebook=spec.notebook, parameters=spec.parameters,
-                     output_path=spec.output_path, status="failed", error=error, seconds=seconds)
 
 
 def job_dict(spec: RunSpec, kernel: str, timeout: int | None) -> dict[str, Any]:
