@@ -272,6 +272,7 @@ def run_on_worker(job: dict[str, Any], threads_by_worker: dict[str, int]) -> dic
     except (OSError, ValueError):
         earlier = None
     if earlier and earlier.get("id") == job["attempt_id"]:
+        marker.unlink(missing_ok=True)
         return _failed_dict(job, f"the Dask worker running it died ({earlier['worker']}, pid {earlier['pid']}, "
                                  f"{time.time() - earlier['started']:.0f} s after the run started; its log says "
                                  "why); not retried: rerun the batch to run it again")

@@ -256,6 +256,7 @@ def test_dask_worker_killed_mid_run_fails_its_run_and_the_batch_completes(tmp_pa
     assert df.loc[0, "error"].startswith("the Dask worker running it died (tcp://127.0.0.1:")
     assert "not retried: rerun the batch" in df.loc[0, "error"]
     assert gone(pids["run"]) and gone(pids["kernel"])  # no orphan goes on writing the run
+    assert not list((out / "toy").glob(".*.attempt"))  # the attempt files are cleaned up
     first = batch.expand_grid(grid)[0]
     assert batch.previous_run(first.notebook, first.output_path, first.parameters) is None  # a rerun runs it again
     assert len(client.run(os.getpid)) == 2  # the nanny restarted the worker
