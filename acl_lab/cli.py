@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("grid", type=Path, help="the grid YAML file (see notebooks/grids/)")
     p.add_argument("--no-resume", action="store_true", help="run everything again, even runs that completed")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their output paths; execute nothing")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run up to N notebooks at once, each in its own process, with cores/N torch threads each "
+                        "(default: 1, one after another in this process)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="hand each run to the Dask cluster whose scheduler is at ADDRESS, e.g. tcp://host:8786 "
+                        "(needs pip install acl_lab[cluster]; the workers must see the same files)")
 
     p = sub.add_parser("suite", help="run every notebook in order with one preset (restartable)",
                        description="Example: python -m acl_lab suite --preset smoke. Writes the executed notebooks, "
@@ -183,7 +189,7 @@ def _cmd_batch(args) -> int:
     from .lab.batch import expand_grid, load_grid, previous_run, run_grid
 
     if not args.dry_run:
-        df = run_grid(args.grid, resume=not args.no_resume)
+        df = run_grid(args.grid, resume=not args.no_resume, jobs=args.jobs, scheduler=args.scheduler)
         return int((df["status"] == "failed").any())
     grid = load_grid(args.grid)
     specs = expand_grid(grid)
@@ -191,8 +197,9 @@ def _cmd_batch(args) -> int:
           f"timeout {grid['timeout'] or 'none'})")
     for i, spec in enumerate(specs, 1):
         done = not args.no_resume and previous_run(spec.notebook, spec.output_path, spec.parameters) is not None
+        after = f"  (after {', '.join(p.parent.name + '/' + p.name for p in spec.after)})" if spec.after else ""
         print(f"[{i}/{len(specs)}] {spec.notebook.name} {spec.name} -> {spec.output_path}"
-              f"{'  (completed: would skip)' if done else ''}")
+              f"{'  (completed: would skip)' if done else ''}{after}")
         print(f"    parameters: {json.dumps(spec.parameters)}")
     return 0
 
