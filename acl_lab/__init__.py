@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from .config import TrainConfig
 from .errors import AclLabError
-from .utils import get_device, set_seed
+from .utils import get_device, quiet_integrations, set_seed
+
+quiet_integrations()  # logging integrations off, nothing waits for a login (see utils.QUIET_ENV)
 
 __version__ = "0.1.0"
 __all__ = ["TrainConfig", "AclLabError", "get_device", "set_seed", "train", "load_result", "__version__"]

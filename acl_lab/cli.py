@@ -16,6 +16,7 @@ from .config import TrainConfig
 from .errors import AclLabError
 
 ALIASES = {"lam": "lambda"}  # config field -> flag name where the field name is not the paper's
+NO_FLAG = ("world_size",)  # config fields the trainer fills in (the launcher decides them), not the user
 
 
 def _flag(name: str) -> str:
@@ -26,6 +27,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field, typed from the dataclass; unset flags keep the config's value."""
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
+        if f.name in NO_FLAG:
+            continue
         types = [t for t in (typing.get_args(hints[f.name]) or (hints[f.name],)) if t is not type(None)]
         kind = types[0]
         default_txt = f"default: {f.default!r}"
@@ -40,7 +43,7 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
 def _config_from_args(args: argparse.Namespace) -> TrainConfig:
     base = TrainConfig.from_json(args.config) if args.config else TrainConfig()
     changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
-               if getattr(args, f.name) is not None}
+               if f.name not in NO_FLAG and getattr(args, f.name) is not None}
     return base.replace(**changes).validate()
 
 
@@ -83,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("grid", type=Path, help="the grid YAML file (see notebooks/grids/)")
     p.add_argument("--no-resume", action="store_true", help="run everything again, even runs that completed")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their output paths; execute nothing")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run up to N notebooks at once, each in its own process, with cores/N torch threads each "
+                        "(default: 1, one after another in this process)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="hand each run to the Dask cluster whose scheduler is at ADDRESS, e.g. tcp://host:8786 "
+                        "(needs pip install acl_lab[cluster]; the workers must see the same files)")
 
     p = sub.add_parser("suite", help="run every notebook in order with one preset (restartable)",
                        description="Example: python -m acl_lab suite --preset smoke. Writes the executed notebooks, "
@@ -115,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _evidence_parts() -> tuple[str, ...]:
-    from .evidence import PARTS
+    from .lab.evidence import PARTS
 
     return PARTS
 
@@ -137,6 +146,10 @@ def _cmd_train(args) -> None:
 
     cfg = _config_from_args(args)
     result = train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+    from .distributed import is_main
+
+    if not is_main():
+        return  # under torchrun every process trains; rank 0 reports
     m = result.metrics
     print(json.dumps({"dev": m["dev"], **({"test": m["test"]} if "test" in m else {}),
                       **({k: m[k] for k in ("gate", "angle") if k in m}), "output_dir": str(result.output_dir)}, indent=2))
@@ -173,10 +186,10 @@ def _cmd_early_exit(args) -> None:
 
 
 def _cmd_batch(args) -> int:
-    from .batch import expand_grid, load_grid, previous_run, run_grid
+    from .lab.batch import expand_grid, load_grid, previous_run, run_grid
 
     if not args.dry_run:
-        df = run_grid(args.grid, resume=not args.no_resume)
+        df = run_grid(args.grid, resume=not args.no_resume, jobs=args.jobs, scheduler=args.scheduler)
         return int((df["status"] == "failed").any())
     grid = load_grid(args.grid)
     specs = expand_grid(grid)
@@ -184,14 +197,15 @@ def _cmd_batch(args) -> int:
           f"timeout {grid['timeout'] or 'none'})")
     for i, spec in enumerate(specs, 1):
         done = not args.no_resume and previous_run(spec.notebook, spec.output_path, spec.parameters) is not None
+        after = f"  (after {', '.join(p.parent.name + '/' + p.name for p in spec.after)})" if spec.after else ""
         print(f"[{i}/{len(specs)}] {spec.notebook.name} {spec.name} -> {spec.output_path}"
-              f"{'  (completed: would skip)' if done else ''}")
+              f"{'  (completed: would skip)' if done else ''}{after}")
         print(f"    parameters: {json.dumps(spec.parameters)}")
     return 0
 
 
 def _cmd_suite(args) -> int:
-    from .batch import run_suite
+    from .lab.batch import run_suite
 
     names = [n.strip() for n in args.notebooks.split(",") if n.strip()] if args.notebooks else None
     df = run_suite(args.preset, output_dir=args.output_dir, notebooks=names, kernel_name=args.kernel,
@@ -208,7 +222,7 @@ def _numbers(text: str, kind, flag: str) -> list:
 
 
 def _cmd_evidence(args) -> int:
-    from .evidence import EvidencePlan, build_report, run_evidence
+    from .lab.evidence import EvidencePlan, build_report, run_evidence
 
     if not args.report_only:
         plan = EvidencePlan(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],

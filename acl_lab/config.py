@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from .errors import AclLabError, bad_value
-from .model import POOLINGS
 
 SINGLE_EXIT_OBJECTIVES = ("ce", "ce+scl", "acl-embed", "acl")
 MULTI_EXIT_OBJECTIVES = ("me-ce", "me-acl", "me-acl-cl")
@@ -23,13 +22,17 @@ EXIT_WEIGHTS = ("uniform", "ascending", "descending")
 ANGLE_SCOPES = ("all", "top-layer", "head", "repr")
 ANCHORS = ("all", "samples")
 AMP = ("auto", "off", "bf16", "fp16")
+DIST_BACKENDS = ("auto", "gloo", "nccl")  # torch.distributed backends under torchrun ("auto": gloo on CPU, nccl on CUDA)
+POOLINGS = ("cls", "mean")  # exit representation: first token (the paper) or the mean over real tokens
+#: the pilot study's conflict line and the default ACL-Grad threshold: above 90 degrees two gradients point apart
+CONFLICT_DEGREES = 90.0
 
 
 @dataclass
 class TrainConfig:
     """Everything that defines a fine-tuning run.
 
-    ``objective`` picks the loss (see PAPER.md): single exit ``ce``, ``ce+scl``,
+    ``objective`` picks the loss (see docs/METHOD.md): single exit ``ce``, ``ce+scl``,
     ``acl-embed``, ``acl`` (= ACL-Embed + ACL-Grad); multi-exit ``me-ce``,
     ``me-acl`` (ACL-Embed at every exit), ``me-acl-cl`` (plus the cross-layer term).
     ``acl_grad`` switches the gradient gate on or off for any contrastive objective;
@@ -60,25 +63,29 @@ class TrainConfig:
     grad_accum: int = 1
     max_grad_norm: float | None = 1.0
     dropout: float = 0.1
-    pooling: str = "cls"  # exit representation: "cls" (PAPER.md) or "mean" over tokens (this kit's option)
+    pooling: str = "cls"  # exit representation: "cls" (the paper, docs/METHOD.md) or "mean" over tokens (this kit's option)
     # objective
     lam: float = 0.1
     mu: float = 0.1
     temperature: float = 0.1
     anchors: str = "all"
     acl_grad: bool | None = None
-    threshold: float = 90.0
+    threshold: float = CONFLICT_DEGREES
     angle_scope: str = "all"
     exit_weights: str = "uniform"
     probe_angles: bool = False  # pilot study: log angles of grad(CE) vs grad(SCL) and grad(ACL-Embed) every step
     probe_every: int = 1  # with probe_angles: probe steps 1, 1+k, 1+2k, ... (a probe costs about two steps)
     # evaluation and checkpoints
     eval_every: int | None = None
+    # False skips only the resumable checkpoints/last (optimizer state: about 3x the weights); checkpoints/best
+    # is the run's trained model (test metrics, representations and early exit are computed on it): always written
     save_checkpoints: bool = True
     # runtime
     device: str = "auto"
     amp: str = "auto"
     num_threads: int | None = None
+    dist_backend: str = "auto"  # under torchrun: "auto" (gloo on CPU, nccl on CUDA), "gloo" or "nccl"
+    world_size: int | None = None  # set by the trainer: how many processes trained the run (not a choice)
 
     # ---- derived ---------------------------------------------------------
     @property
@@ -109,9 +116,12 @@ class TrainConfig:
         if self.pooling not in POOLINGS:
             raise bad_value("pooling", self.pooling, POOLINGS, "use 'cls' (the paper's [CLS] exits) or 'mean'.")
         if self.anchors not in ANCHORS:
-            raise bad_value("anchors", self.anchors, ANCHORS, "use 'all' (the default reading of PAPER.md).")
+            raise bad_value("anchors", self.anchors, ANCHORS, "use 'all' (the default reading of the paper, docs/METHOD.md).")
+        if self.dist_backend not in DIST_BACKENDS:
+            raise bad_value("dist_backend", self.dist_backend, DIST_BACKENDS, "use 'auto' (gloo on CPU, nccl on CUDA).")
         if self.amp not in AMP:
-            raise bad_value("amp", self.amp, AMP, "use 'auto' (mixed precision on CUDA only).")
+            raise bad_value("amp", self.amp, AMP, "use 'auto' (mixed precision on CUDA only), or bf16 / fp16 "
+                            "to force it (CUDA or CPU).")
         _at_least(self, "lam", 0.0, "lambda must be >= 0; use 0 to switch the contrastive term off.")
         _at_least(self, "mu", 0.0, "mu must be >= 0; use 0 to switch the cross-layer term off.")
         if not self.temperature > 0:
@@ -120,7 +130,7 @@ class TrainConfig:
             raise bad_value("threshold", self.threshold, "degrees in [0, 180]", "set --threshold 90 (the paper's default).")
         for name in ("max_length", "batch_size", "grad_accum", "probe_every"):
             _at_least(self, name, 1, f"{name} must be a positive integer.")
-        for name in ("max_train_samples", "max_eval_samples", "max_steps", "eval_every", "num_threads"):
+        for name in ("max_train_samples", "max_eval_samples", "max_steps", "eval_every", "num_threads", "world_size"):
             if getattr(self, name) is not None:
                 _at_least(self, name, 1, f"{name} must be a positive integer, or omitted for no limit.")
         if not self.lr > 0:
@@ -179,7 +189,9 @@ class TrainConfig:
 
 
 # Fields that do not change what a run computes: a run may be resumed with these changed.
-RUNTIME_FIELDS = ("output_dir", "device", "num_threads", "eval_every", "save_checkpoints")
+RUNTIME_FIELDS = ("output_dir", "device", "num_threads", "eval_every", "save_checkpoints", "dist_backend",
+                  "world_size")
+
 
 
 def _at_least(cfg: TrainConfig, name: str, low: float, fix: str) -> None:

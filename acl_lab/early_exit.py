@@ -1,7 +1,7 @@
 """Early exit at inference, batched: samples that have left stop costing compute.
 
 At each layer the still-active samples go through the layer; their exit's
-classifier decides who leaves (PAPER.md, "Early exit at inference"):
+classifier decides who leaves (docs/METHOD.md, "Early exit"):
 
 - ``entropy``: normalised entropy of the softmax below ``threshold`` (DeeBERT);
 - ``maxprob``: maximum probability at or above ``threshold``;
@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,6 +26,9 @@ import torch
 from .errors import AclLabError, bad_value
 from .model import MultiExitClassifier
 from .tasks import TaskSpec, compute_metrics
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CRITERIA = ("entropy", "maxprob", "patience")
 
@@ -155,3 +160,39 @@ def sweep(model: MultiExitClassifier, loader, task: TaskSpec, criterion: str, th
             "wall_speedup": full_time / t, "seconds": t, "full_seconds": full_time,
         })
     return rows
+
+
+def sweep_run(run_dir: str | Path, settings: dict[str, list[float]], split: str = "dev", batch_size: int = 64,
+              repeats: int = 2, device: str = "auto") -> pd.DataFrame:
+    """Early-exit sweep of a finished multi-exit run's best checkpoint on ``split``.
+
+    ``settings`` maps a criterion to its thresholds, e.g. ``{"entropy": [0.1, 0.3],
+    "patience": [1, 2]}``. Returns the rows of :func:`acl_lab.early_exit.sweep` for
+    every criterion, with ``objective``, ``seed`` and ``run`` columns.
+    """
+    import pandas as pd
+
+    from .checkpoint import load_trained
+    from .data import load_task, make_loader, tokenize
+    from .tasks import get_task
+    from .utils import get_device
+
+    run_dir = Path(run_dir)
+    model, tokenizer, cfg = load_trained(run_dir / "checkpoints" / "best", device=device)
+    task = get_task(cfg.task)
+    data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, max_eval_samples=cfg.max_eval_samples,
+                     seed=cfg.seed)
+    if split not in data:
+        raise AclLabError(f"Split {split!r} is not in task {cfg.task!r}; available: {', '.join(data)}.")
+    enc = tokenize(type(data)({split: data[split]}), tokenizer, cfg.max_length)
+    loader = make_loader(enc[split], tokenizer, batch_size, shuffle=False)
+    # one discarded pass over one batch first, so one-off costs (allocations, kernel selection) miss the timings
+    sweep(model, [next(iter(loader))], task, "patience", [0], get_device(device), repeats=1)
+    rows = []
+    for criterion, thresholds in settings.items():
+        rows += sweep(model, loader, task, criterion, list(thresholds), get_device(device), repeats=repeats)
+    df = pd.DataFrame(rows)
+    df.insert(0, "objective", cfg.objective)
+    df.insert(1, "seed", cfg.seed)
+    df["run"] = str(run_dir)
+    return df

@@ -1,6 +1,6 @@
 """ACL-Grad: gate an auxiliary (contrastive) loss by its gradient angle to CE.
 
-Per mini-batch (PAPER.md, "ACL-Grad")::
+Per mini-batch (docs/METHOD.md, "ACL-Grad")::
 
     cos   = <g_CE, g_aux> / (||g_CE|| * ||g_aux|| + eps)
     angle = degrees(arccos(cos))
@@ -12,19 +12,19 @@ scopes ``"params"`` (a subset of parameters, e.g. the classifier heads or the
 top layers) and ``"repr"`` (the gradient with respect to intermediate tensors,
 e.g. the [CLS] representations at the exits) are this kit's own
 approximations: they decide with a cheaper cosine, and their agreement with
-the full scope has to be measured, not assumed.
+the full scope has to be measured, not assumed. This module knows only
+tensors and parameters.
 
-Under DDP (``distributed=True``) the decision is taken once, on global
-gradients, so every rank makes the same one: the exact scope averages g_CE and
-g_aux over the processes (one coalesced all-reduce of both, i.e. twice the
-gradient bytes DDP itself sends, per micro-batch) and must run outside DDP's own
-gradient sync -- forward AND backward inside ``model.no_sync()``, since DDP arms its
-reducer hooks in the forward pass -- because it writes the averaged update into
-``.grad`` itself; ``"params"`` averages the two scope gradients; ``"repr"``
-sums the dot product and squared norms over ranks (each rank holds its own
-samples' representations, so the global vector is their concatenation). The
-cheap scopes then run one ordinary backward, which DDP's reducer syncs as usual.
-This module knows only tensors, parameters and :mod:`acl_lab.distributed`.
+Several processes (DDP): pass ``reduce``, a function that averages a tensor
+over the processes in place (:func:`acl_lab.distributed.all_reduce_mean`).
+Then every decision is taken on the global gradients, identically on every
+process: the exact scope and the ``"params"`` scope average the two gradient
+sets (g_CE and g_aux, in one flat all-reduce) before the cosine; the
+``"repr"`` scope, whose tensors are per-process shards of the global batch,
+averages the three partial sums <a, b>, ||a||^2, ||b||^2 (a cosine is
+invariant to the common 1/W factor). What ``ACLGrad.backward`` adds to
+``.grad`` is then the global (averaged) gradient, so the caller must not
+all-reduce it again (with DDP: run the step under ``no_sync()``).
 """
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
-from acl_lab.distributed import all_reduce_mean, all_reduce_sum, is_distributed
 from acl_lab.errors import bad_value
 
 SCOPES = ("all", "params", "repr")
@@ -43,6 +42,7 @@ COS_EPS = 1e-12
 
 Scale = float | Callable[[Tensor], Tensor]
 Grads = Sequence[Tensor | None]
+Reduce = Callable[[Tensor], Tensor]  # averages a tensor over processes in place (and returns it)
 
 
 def _wide(t: Tensor) -> Tensor:
@@ -50,14 +50,11 @@ def _wide(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def _dot_and_squares(grads_a: Grads, grads_b: Grads, sum_over_ranks: bool = False,
-                     device: torch.device | None = None) -> tuple[float, float, float]:
+def _dot_and_squares(grads_a: Grads, grads_b: Grads, reduce: Reduce | None = None) -> tuple[float, float, float]:
     """<a, b>, ||a||^2, ||b||^2 of two flattened, concatenated gradient lists (``None`` = zeros).
 
-    Accumulated in float64 on the device, with one host sync at the end. With
-    ``sum_over_ranks`` the three sums are added over processes first (the lists
-    then hold each rank's part of one global vector; ``device`` is where a rank
-    with no gradient at all puts its zeros).
+    Accumulated in float64 on the device, with one host sync at the end. ``reduce`` (optional)
+    is applied to the three partial sums (the lists are per-process shards of one vector).
     """
     acc: Tensor | None = None
     for a, b in zip(grads_a, grads_b, strict=True):
@@ -72,26 +69,22 @@ def _dot_and_squares(grads_a: Grads, grads_b: Grads, sum_over_ranks: bool = Fals
         sq_b = torch.sum(b_w * b_w, dtype=torch.float64) if b_w is not None else zero
         part = torch.stack([dot, sq_a, sq_b])
         acc = part if acc is None else acc + part.to(acc.device)
-    if sum_over_ranks:
-        acc = all_reduce_sum(acc if acc is not None else torch.zeros(3, dtype=torch.float64, device=device))
+    if reduce is not None:
+        # every process has the same tensors in the same order, so all hold an accumulator (or none)
+        ref = next((g for g in (*grads_a, *grads_b) if g is not None), None)
+        acc = reduce(acc if acc is not None else torch.zeros(3, dtype=torch.float64,
+                                                             device=ref.device if ref is not None else "cpu"))
     if acc is None:
         return 0.0, 0.0, 0.0
     dot, sq_a, sq_b = acc.tolist()
     return dot, sq_a, sq_b
 
 
-def _cosine(grads_a: Grads, grads_b: Grads, sum_over_ranks: bool = False, device: torch.device | None = None) -> float:
+def _cosine(grads_a: Grads, grads_b: Grads, reduce: Reduce | None = None) -> float:
     """cos = <a, b> / (||a|| ||b|| + eps); NaN when not finite (e.g. an AMP overflow)."""
-    dot, sq_a, sq_b = _dot_and_squares(grads_a, grads_b, sum_over_ranks, device)
+    dot, sq_a, sq_b = _dot_and_squares(grads_a, grads_b, reduce)
     cos = dot / (math.sqrt(sq_a) * math.sqrt(sq_b) + COS_EPS)
     return cos if math.isfinite(cos) else math.nan
-
-
-def _averaged(grads_a: Grads, grads_b: Grads, like: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
-    """Both gradient lists averaged over processes in one all-reduce (``None`` sent as zeros shaped like ``like``)."""
-    filled = [g if g is not None else torch.zeros_like(t) for g, t in zip([*grads_a, *grads_b], [*like, *like])]
-    mean = all_reduce_mean(filled)
-    return mean[:len(like)], mean[len(like):]
 
 
 def _grads(loss: Tensor, inputs: Sequence[Tensor], retain_graph: bool) -> Grads:
@@ -99,6 +92,35 @@ def _grads(loss: Tensor, inputs: Sequence[Tensor], retain_graph: bool) -> Grads:
     if not loss.requires_grad:
         return [None] * len(inputs)
     return torch.autograd.grad(loss, inputs, retain_graph=retain_graph, allow_unused=True)
+
+
+def reduce_grads(reduce: Reduce | None, *grad_sets: Grads) -> list[list[Tensor | None]]:
+    """Each gradient set averaged over processes with ONE call of ``reduce`` on a flat buffer.
+
+    ``None`` entries stay ``None`` (every process has the same graph, so the same entries are
+    ``None`` everywhere). The returned tensors are new (the inputs are not modified), in the
+    inputs' dtypes. Without ``reduce`` the sets are returned as lists, unchanged.
+    """
+    if reduce is None:
+        return [list(g) for g in grad_sets]
+    present = [g for grads in grad_sets for g in grads if g is not None]
+    if not present:
+        return [list(g) for g in grad_sets]
+    dtype = present[0].dtype
+    for g in present[1:]:
+        dtype = torch.promote_types(dtype, g.dtype)
+    flat = reduce(torch.cat([g.reshape(-1).to(dtype) for g in present]))
+    out, offset = [], 0
+    for grads in grad_sets:
+        part = []
+        for g in grads:
+            if g is None:
+                part.append(None)
+            else:
+                part.append(flat[offset:offset + g.numel()].view_as(g).to(g.dtype))
+                offset += g.numel()
+        out.append(part)
+    return out
 
 
 def gradient_cosine(loss_a: Tensor, loss_b: Tensor, params: Iterable[Tensor]) -> float:
@@ -113,15 +135,23 @@ def gradient_cosine(loss_a: Tensor, loss_b: Tensor, params: Iterable[Tensor]) ->
     return _cosine(_grads(loss_a, inputs, True), _grads(loss_b, inputs, True))
 
 
-def gradient_cosines(reference: Tensor, others: Sequence[Tensor], params: Iterable[Tensor]) -> list[float]:
+def gradient_cosines(reference: Tensor | Grads, others: Sequence[Tensor], params: Iterable[Tensor],
+                     reduce: Reduce | None = None) -> list[float]:
     """Cosines between the gradient of ``reference`` and that of each loss in ``others``.
 
     Same conventions as :func:`gradient_cosine`, but the reference gradient is
     computed once, so k probes cost k + 1 backward passes instead of 2k.
+    ``reference`` may also be that gradient already computed (a list aligned
+    with ``params``, e.g. the g_CE the update used), which saves one more pass.
+    With ``reduce`` (several processes) every gradient is averaged over the
+    processes before its cosine; a given ``reference`` gradient must already be.
     """
     inputs = list(params)
-    g_ref = _grads(reference, inputs, True)
-    return [_cosine(g_ref, _grads(other, inputs, True)) for other in others]
+    if isinstance(reference, Tensor):
+        (g_ref,) = reduce_grads(reduce, _grads(reference, inputs, True))
+    else:
+        g_ref = list(reference)
+    return [_cosine(g_ref, reduce_grads(reduce, _grads(other, inputs, True))[0]) for other in others]
 
 
 def angle_degrees(cos: float) -> float:
@@ -184,10 +214,10 @@ class ACLGrad:
         scope: "all", "params" or "repr".
         scope_params: the parameter subset for ``scope="params"`` (required
             there, not allowed otherwise).
-        distributed: decide on gradients reduced over all processes (DDP; see
-            the module docstring). With ``scope="all"`` run the forward pass and
-            :meth:`backward` inside ``model.no_sync()``: the averaged update is
-            written into ``.grad`` here. Without a process group it changes nothing.
+        reduce: for several processes, a function averaging a tensor over
+            them in place (:func:`acl_lab.distributed.all_reduce_mean`); the
+            decision is then global and ``.grad`` receives the global gradient
+            (see the module docstring). None (the default) in one process.
     """
 
     def __init__(
@@ -197,7 +227,7 @@ class ACLGrad:
         threshold: float = 90.0,
         scope: str = "all",
         scope_params: Iterable[Tensor] | None = None,
-        distributed: bool = False,
+        reduce: Reduce | None = None,
     ) -> None:
         self.params = _unique_trainable(params)
         if not self.params:
@@ -218,7 +248,7 @@ class ACLGrad:
         self.lam = float(lam)
         self.threshold = float(threshold)
         self.scope = scope
-        self.distributed = bool(distributed)
+        self.reduce = reduce
 
     def backward(
         self,
@@ -254,10 +284,7 @@ class ACLGrad:
         ce = _apply_scale(ce_loss, scale)
         aux = _apply_scale(aux_loss, scale)
         if not aux.requires_grad:
-            if self.scope == "all" and self.distributed and is_distributed():
-                self._backward_all(ce, aux)  # still averages g_CE over ranks (g_aux is zero)
-            else:
-                ce.backward(inputs=self.params)
+            self._backward_reduced(ce)
             return self._record(math.nan)
         if self.scope == "all":
             cos = self._backward_all(ce, aux)
@@ -282,15 +309,17 @@ class ACLGrad:
         The existing ``.grad`` tensors are set aside (no copy), CE is
         back-propagated into ``.grad`` (= g_CE), g_aux is taken with
         ``autograd.grad`` (the one extra copy; releases the graph), and then
-        ``.grad = old + g_CE + lam_t * g_aux`` in place.
+        ``.grad = old + g_CE + lam_t * g_aux`` in place. With ``reduce``, g_CE
+        and g_aux are first averaged over the processes in one flat all-reduce
+        (twice the gradient size: the communication the exact gate adds).
         """
         stashed = [p.grad for p in self.params]
         for p in self.params:
             p.grad = None
         ce.backward(retain_graph=True, inputs=self.params)
         g_aux = _grads(aux, self.params, retain_graph=False)
-        if self.distributed and is_distributed():
-            g_ce, g_aux = _averaged([p.grad for p in self.params], g_aux, self.params)
+        if self.reduce is not None:
+            g_ce, g_aux = reduce_grads(self.reduce, [p.grad for p in self.params], g_aux)
             for p, g in zip(self.params, g_ce):
                 p.grad = g
         cos = _cosine([p.grad for p in self.params], g_aux)
@@ -310,11 +339,25 @@ class ACLGrad:
     def _backward_cheap(self, ce: Tensor, aux: Tensor, scope_inputs: Sequence[Tensor]) -> float:
         """Approximate scopes: decide on the gradients w.r.t. ``scope_inputs``, then one combined backward."""
         g_ce, g_aux = _grads(ce, scope_inputs, True), _grads(aux, scope_inputs, True)
-        ranks = self.distributed and is_distributed()
-        if ranks and self.scope == "params":  # the same parameters on every rank: average, then one cosine
-            g_ce, g_aux = _averaged(g_ce, g_aux, scope_inputs)
-        cos = _cosine(g_ce, g_aux, sum_over_ranks=ranks and self.scope == "repr", device=self.params[0].device)
+        if self.scope == "repr":
+            cos = _cosine(g_ce, g_aux, self.reduce)  # shards of one vector: reduce the partial sums
+        else:
+            cos = _cosine(*reduce_grads(self.reduce, g_ce, g_aux))  # the same parameters: average the gradients
         lam_t = self._lam_t(cos)
-        total = ce + lam_t * aux if lam_t != 0.0 else ce
-        total.backward(inputs=self.params)
+        self._backward_reduced(ce + lam_t * aux if lam_t != 0.0 else ce)
         return cos
+
+    def _backward_reduced(self, loss: Tensor) -> None:
+        """``loss.backward()`` into ``.grad``; with ``reduce``, what it adds is averaged over the processes first."""
+        if self.reduce is None:
+            loss.backward(inputs=self.params)
+            return
+        stashed = [p.grad for p in self.params]
+        for p in self.params:
+            p.grad = None
+        loss.backward(inputs=self.params)
+        (fresh,) = reduce_grads(self.reduce, [p.grad for p in self.params])
+        for p, old, g in zip(self.params, stashed, fresh):
+            if old is not None and g is not None:
+                old.add_(g)
+            p.grad = old if old is not None else g

@@ -47,10 +47,13 @@ kept). Every decision is also kept in :attr:`ACLTrainer.gate_history`.
 Under ``torchrun`` / ``accelerate launch`` (DDP) the representations and labels are
 gathered with :func:`acl_lab.distributed.gather_with_grad`, so the contrastive term is the
 global-batch loss, and the gate decides once on global gradients
-(``ACLGrad(distributed=True)``). The exact scope runs inside ``no_sync()`` and averages
-g_CE and g_aux itself (DDP's reducer cannot take two backward passes of one forward):
-that is one all-reduce of twice the gradient size per micro-batch instead of DDP's one
-gradient all-reduce per optimizer step. DeepSpeed, FSDP and ``DataParallel`` (several
+(``ACLGrad(reduce=acl_lab.distributed.all_reduce_mean)``, the kit's DDP gate). The gated
+step runs forward and backward inside ``no_sync()`` (DDP's reducer cannot take two
+backward passes of one forward, and arms its hooks in the forward pass) and the gate
+averages the gradients itself: for the exact scope g_CE and g_aux in one all-reduce of
+twice the gradient size per micro-batch, instead of DDP's one gradient all-reduce per
+optimizer step; for the cheap scopes their small vectors (or three sums) and then the
+one combined gradient. DeepSpeed, FSDP and ``DataParallel`` (several
 GPUs in one process) are refused for the gated objective / contrastive objectives.
 """
 from __future__ import annotations
@@ -259,10 +262,11 @@ class ACLTrainer(Trainer):
 
     def _make_gate(self) -> ACLGrad:
         params = [p for p in self._attached.parameters() if p.requires_grad]
+        reduce = all_reduce_mean if is_distributed() else None  # decide on the global gradients under DDP
         if self.scope == "head":
             return ACLGrad(params, lam=1.0, threshold=self.threshold, scope="params",
-                           scope_params=list(self._layer.parameters()), distributed=True)
-        return ACLGrad(params, lam=1.0, threshold=self.threshold, scope=self.scope, distributed=True)
+                           scope_params=list(self._layer.parameters()), reduce=reduce)
+        return ACLGrad(params, lam=1.0, threshold=self.threshold, scope=self.scope, reduce=reduce)
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any],
                       num_items_in_batch: Tensor | int | None = None) -> Tensor:
@@ -292,10 +296,10 @@ class ACLTrainer(Trainer):
             if labels is None and contrastive:
                 raise AclLabError("The training batch has no 'labels'. Fix: give the dataset a 'labels' (or 'label') "
                                   "column of class ids.")
-            # The exact gate averages both gradients itself, so DDP's reducer must not expect this backward: its
-            # hooks are armed by the forward pass, hence no_sync() around forward AND backward.
-            exact_ddp = self.gated and self.scope == "all" and is_distributed()
-            with self.accelerator.no_sync(model) if exact_ddp else contextlib.nullcontext():
+            # The gate (ACLGrad with reduce=) averages the gradients itself, so DDP's reducer must not expect this
+            # backward: its hooks are armed by the forward pass, hence no_sync() around forward AND backward.
+            gated_ddp = self.gated and is_distributed()
+            with self.accelerator.no_sync(model) if gated_ddp else contextlib.nullcontext():
                 self._capturing = contrastive
                 try:
                     with self.compute_loss_context_manager():
@@ -344,7 +348,7 @@ class ACLTrainer(Trainer):
     def _pop_parts(self) -> dict[str, float]:
         """``ce``, ``aux``, ``cos``, ``angle``, ``kept`` since the last log (per optimizer step, like ``loss``)."""
         steps = max(1, len(self._parts_steps))
-        sums = [self._ce_sum] + ([self._aux_sum] if self._aux_sum is not None else [])
+        sums = torch.stack([self._ce_sum] + ([self._aux_sum] if self._aux_sum is not None else []))
         sums = all_reduce_mean(sums)  # ce is per rank; aux is already the global-batch value on every rank
         parts = {"ce": float(sums[0]) / steps}
         if self._aux_sum is not None:

@@ -1,6 +1,6 @@
 """Contrastive losses of the kit: SCL, ACL-Embed and ACL-CL (cross-layer ACL).
 
-All three are the masked supervised-contrastive loss of PAPER.md applied to
+All three are the masked supervised-contrastive loss of docs/METHOD.md applied to
 different item sets (see :func:`masked_supcon`):
 
     L(v, y; A) = mean_{i in A, P(i) != {}}  -1/|P(i)| * sum_{p in P(i)}

@@ -7,7 +7,7 @@ Hugging Face (BERT, RoBERTa, MiniLM, ELECTRA...): anything with ``.embeddings``
 and ``.encoder.layer``.
 
 Per exit k the model exposes the [CLS] representation h^k, the logits W^k h^k + b^k
-and the label embeddings, the rows of W^k (PAPER.md, "Notation").
+and the label embeddings, the rows of W^k (docs/METHOD.md, "Notation").
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .config import POOLINGS
 from .errors import AclLabError
 from .hub import hub_unreachable_reason
 
 OFFLINE_DEFAULT = "minilm-l6"
 TINY = "tiny"
 KNOWN_SHORT_NAMES = (OFFLINE_DEFAULT, TINY)
-POOLINGS = ("cls", "mean")
 TINY_CONFIG = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
                    max_position_embeddings=128, type_vocab_size=2)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -117,7 +117,7 @@ class MultiExitClassifier(nn.Module):
     """A Hugging Face encoder with a linear classifier on every layer, or on the last only.
 
     Exits read the first-token ([CLS]) hidden state of their layer through dropout
-    (``pooling="cls"``, PAPER.md); ``pooling="mean"`` averages the non-padding tokens
+    (``pooling="cls"``, docs/METHOD.md); ``pooling="mean"`` averages the non-padding tokens
     instead, this kit's option for encoders such as all-MiniLM-L6-v2 that were trained
     with mean pooling and whose shallow [CLS] states are nearly identical across inputs.
     The classifier's weight rows are the label embeddings of that exit.
@@ -195,8 +195,15 @@ class MultiExitClassifier(nn.Module):
 
 def build_model(name: str, num_labels: int, multi_exit: bool = False, dropout: float = 0.1, seed: int = 0,
                 pooling: str = "cls"):
-    """Load the backbone and wrap it: returns ``(model, tokenizer)``."""
+    """Load the backbone and wrap it: returns ``(model, tokenizer)``.
+
+    ``dropout`` sets every dropout probability of the model: the encoder's hidden and attention
+    dropout (overriding the checkpoint's config; BERT/MiniLM ship 0.1, the default) and the heads'.
+    """
     encoder, tokenizer = load_backbone(name, seed=seed)
+    for module in encoder.modules():  # ``dropout`` is every dropout of the model, the encoder's included
+        if isinstance(module, nn.Dropout):
+            module.p = dropout
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = MultiExitClassifier(encoder, num_labels, multi_exit=multi_exit, dropout=dropout, pooling=pooling)

@@ -1,4 +1,4 @@
-"""Turn a forward pass into the losses of each objective (PAPER.md).
+"""Turn a forward pass into the losses of each objective (docs/METHOD.md).
 
 The loss of every objective splits into a cross-entropy part and an auxiliary
 (contrastive) part, ``total = ce + aux``; ACL-Grad gates ``aux`` against ``ce``.
@@ -8,6 +8,14 @@ directions and the update is ``g_ce + lambda_t * g_aux`` with ``lambda_t`` in {0
 Multi-exit (``me-*``): ``ce = sum_k w_k CE_k / sum_k w_k``;
 ``aux = lambda * sum_k w_k ACLEmbed_k / sum_k w_k + mu * mean_{k<K} ACLCL_k``.
 The gate, when on, treats all auxiliary terms together (one decision per batch).
+
+Several processes (torchrun): the cross-entropy terms are means over this
+process's shard (DDP averages their gradients into the global mean), while
+the contrastive terms are computed over the global batch: the exit
+representations and labels of every process are gathered with gradient
+(:func:`acl_lab.distributed.gather_with_grad`, one collective per batch), so
+SCL, ACL-Embed and ACL-CL are the single-process losses of the global batch.
+In one process the gather is the identity.
 """
 from __future__ import annotations
 
@@ -16,7 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .config import TrainConfig
+from .config import EXIT_WEIGHTS, TrainConfig
+from .distributed import gather_with_grad
 from .errors import bad_value
 from .losses import acl_cross_layer_loss, acl_embed_loss, supcon_loss
 from .model import ExitOutputs, MultiExitClassifier
@@ -43,7 +52,7 @@ def exit_weights(kind: str, num_exits: int) -> list[float]:
         return [float(k) for k in range(1, num_exits + 1)]
     if kind == "descending":
         return [float(k) for k in range(num_exits, 0, -1)]
-    raise bad_value("exit_weights", kind, ("uniform", "ascending", "descending"), "use 'uniform'.")
+    raise bad_value("exit_weights", kind, EXIT_WEIGHTS, "use 'uniform'.")
 
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:
@@ -51,6 +60,30 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor, regression: 
     if regression:
         return F.mse_loss(logits.squeeze(-1).float(), labels.float())
     return F.cross_entropy(logits.float(), labels)
+
+
+def global_exits(out: ExitOutputs, labels: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The exit representations (float32 or wider) and labels of the global batch, in rank order.
+
+    One differentiable all-gather for all exits together (identity in one process).
+    """
+    stacked = torch.stack([r.float() for r in out.reps], dim=1)  # [n, exits, d]
+    return list(gather_with_grad(stacked).unbind(1)), gather_with_grad(labels)
+
+
+def probe_losses(model: MultiExitClassifier, out: ExitOutputs, labels: torch.Tensor,
+                 cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """The pilot study's auxiliary losses at the last exit, unweighted: ``scl`` and ``acl_embed``.
+
+    These are the terms whose gradient angle to CE the pilot probe measures
+    (``probe_angles``), whatever the run's objective; the one definition used by
+    the trainer, notebook 00 and the benchmarks. Over the global batch (see the module docstring).
+    """
+    reps, labels_g = global_exits(out, labels)
+    rep = reps[-1]
+    return {"scl": supcon_loss(rep, labels_g, temperature=cfg.temperature),
+            "acl_embed": acl_embed_loss(rep, labels_g, model.label_embeddings(-1).float(),
+                                        temperature=cfg.temperature, anchors=cfg.anchors)}
 
 
 def compute_losses(model: MultiExitClassifier, out: ExitOutputs, labels: torch.Tensor, cfg: TrainConfig,
@@ -66,12 +99,14 @@ def compute_losses(model: MultiExitClassifier, out: ExitOutputs, labels: torch.T
         parts = {"ce": ce.item()}
         if obj == "ce":
             return LossParts(ce, None, parts)
-        rep = out.reps[-1].float()
+        reps, labels_g = global_exits(out, labels)
+        rep = reps[-1]
         if obj == "ce+scl":
-            term = supcon_loss(rep, labels, temperature=tau)
+            term = supcon_loss(rep, labels_g, temperature=tau)
             parts["scl"] = term.item()
         else:  # acl-embed, acl
-            term = acl_embed_loss(rep, labels, model.label_embeddings(-1).float(), temperature=tau, anchors=cfg.anchors)
+            term = acl_embed_loss(rep, labels_g, model.label_embeddings(-1).float(), temperature=tau,
+                                  anchors=cfg.anchors)
             parts["acl_embed"] = term.item()
         return LossParts(ce, cfg.lam * term, parts)
 
@@ -82,16 +117,17 @@ def compute_losses(model: MultiExitClassifier, out: ExitOutputs, labels: torch.T
     parts = {"ce": ce.item(), **{f"ce_{layer}": c.item() for layer, c in zip(out.layers, ce_k)}}
     if obj == "me-ce":
         return LossParts(ce, None, parts)
-    emb_k = [acl_embed_loss(r.float(), labels, model.label_embeddings(i).float(), temperature=tau, anchors=cfg.anchors)
-             for i, r in enumerate(out.reps)]
+    reps, labels_g = global_exits(out, labels)
+    emb_k = [acl_embed_loss(r, labels_g, model.label_embeddings(i).float(), temperature=tau, anchors=cfg.anchors)
+             for i, r in enumerate(reps)]
     embed = sum(wk * e for wk, e in zip(w, emb_k)) / wsum
     parts["acl_embed"] = embed.item()
     aux = cfg.lam * embed
-    if obj == "me-acl-cl" and len(out.reps) > 1:
-        teacher, teacher_emb = out.reps[-1].float(), model.label_embeddings(-1).float()
-        cl_k = [acl_cross_layer_loss(r.float(), teacher, labels, teacher_emb, model.label_embeddings(i).float(),
+    if obj == "me-acl-cl" and len(reps) > 1:
+        teacher, teacher_emb = reps[-1], model.label_embeddings(-1).float()
+        cl_k = [acl_cross_layer_loss(r, teacher, labels_g, teacher_emb, model.label_embeddings(i).float(),
                                      temperature=tau)
-                for i, r in enumerate(out.reps[:-1])]
+                for i, r in enumerate(reps[:-1])]
         cl = sum(cl_k) / len(cl_k)
         parts["acl_cl"] = cl.item()
         aux = aux + cfg.mu * cl

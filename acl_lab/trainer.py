@@ -1,13 +1,20 @@
 """One trainer for every objective: CE, CE+SCL, ACL-Embed, ACL, and their multi-exit forms.
 
-``train(config)`` composes the pieces: data (:mod:`acl_lab.data`), model
+:class:`Trainer` composes the pieces: data (:mod:`acl_lab.data`), model
 (:mod:`acl_lab.model`), losses (:mod:`acl_lab.objectives`) and the ACL-Grad gate
-(:mod:`acl_lab.grad`). It logs every optimizer step to ``history.jsonl``, keeps the
+(:mod:`acl_lab.grad`), and exposes them with ``step()``, ``evaluate()``, ``save()``,
+``fit()`` and ``on_step``/``on_eval`` hooks; ``train(config)`` is ``Trainer(config).fit()``.
+It logs every optimizer step to ``history.jsonl``, keeps the
 best checkpoint by the dev metric of the final exit, writes ``metrics.json``, and
 can resume: a run interrupted (Ctrl-C, SIGTERM) saves a resumable checkpoint at
 the next step boundary, and ``train(config, resume=True)`` continues it with the
 same data order and random state, so on CPU it ends with the same metrics as an
 uninterrupted run.
+
+Under ``torchrun`` (or ``accelerate launch``) every process runs the same code: the
+global batch ``batch_size`` is split evenly over the processes, the contrastive terms
+see the global batch, ACL-Grad decides on global gradients, and only rank 0 writes
+files and shows progress (README, "Several processes").
 
 Output directory layout::
 
@@ -16,49 +23,37 @@ Output directory layout::
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+import inspect
 import json
 import math
 import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from .checkpoint import load_model_weights, load_training_state, save_checkpoint
-from .config import RUNTIME_FIELDS, TrainConfig
+from . import distributed as dist
+from .checkpoint import load_model_weights, load_training_state, rng_state, save_checkpoint, set_rng_state
+from .analysis.stats import median
+from .config import CONFLICT_DEGREES, RUNTIME_FIELDS, TrainConfig
 from .data import load_task, make_loader, tokenize
-from .errors import AclLabError
-from .evaluate import dump_representations, evaluate
-from .grad import ACLGrad, angle_degrees, gradient_cosines
-from .losses import acl_embed_loss, supcon_loss
+from .errors import AclLabError, bad_value
+from .evaluate import dump_representations
+from .evaluate import evaluate as run_evaluation
+from .grad import ACLGrad, Reduce, angle_degrees, gradient_cosines, reduce_grads
 from .model import MultiExitClassifier, build_model
-from .objectives import compute_losses
+from .objectives import compute_losses, probe_losses
+from .result import RUN_FILES, TrainResult, load_result
 from .tasks import TaskSpec, get_task
-from .utils import amp_dtype, autocast, get_device, set_seed
+from .utils import amp_dtype, autocast, get_device, grad_scaler, set_seed
 
-RUN_FILES = ("config.json", "history.jsonl", "metrics.json", "representations.safetensors", "checkpoints")
 EVAL_BATCH_SIZE = 64
-
-
-@dataclass
-class TrainResult:
-    """What a run produced: final metrics, the per-step history and where things were written."""
-
-    config: TrainConfig
-    metrics: dict[str, Any]
-    history: list[dict[str, Any]] = field(default_factory=list)
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    output_dir: Path = Path(".")
-
-    @property
-    def paths(self) -> dict[str, Path]:
-        out = self.output_dir
-        return {"metrics": out / "metrics.json", "history": out / "history.jsonl", "best": out / "checkpoints" / "best",
-                "last": out / "checkpoints" / "last", "representations": out / "representations.safetensors"}
 
 
 class _Interrupted(KeyboardInterrupt):
@@ -140,7 +135,8 @@ def prepare_output_dir(cfg: TrainConfig, resume: bool, overwrite: bool) -> Path:
 # pieces of the loop
 # ---------------------------------------------------------------------------
 
-def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW with weight decay on the weight matrices only (not on biases and LayerNorm)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
@@ -153,7 +149,8 @@ def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimize
     return torch.optim.AdamW(groups, lr=cfg.lr, fused=fused or None)
 
 
-def _scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float):
+def make_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float):
+    """Linear warm-up over ``warmup_ratio * total_steps`` steps, then linear decay to 0."""
     warmup = int(round(warmup_ratio * total_steps))
 
     def factor(step: int) -> float:
@@ -164,33 +161,23 @@ def _scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _make_gate(model: MultiExitClassifier, cfg: TrainConfig) -> ACLGrad:
+def make_gate(model: MultiExitClassifier, cfg: TrainConfig, reduce: Reduce | None = None) -> ACLGrad:
+    """The ACL-Grad gate of ``cfg.angle_scope`` over the model's trainable parameters.
+
+    ``lam=1.0``: :func:`acl_lab.objectives.compute_losses` folds lambda (and mu) into the
+    auxiliary loss, so the gate's multiplier is 1 or 0 and the trainer logs
+    ``lam_t = cfg.lam * multiplier``. ``reduce`` (several processes) makes the decision global.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.angle_scope == "all":
-        return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope="all")
-    if cfg.angle_scope == "repr":
-        return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope="repr")
+    if cfg.angle_scope in ("all", "repr"):
+        return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope=cfg.angle_scope, reduce=reduce)
     scope_params = model.head_parameters() if cfg.angle_scope == "head" else model.top_layer_parameters()
-    return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope="params", scope_params=scope_params)
-
-
-def _probe_angles(model: MultiExitClassifier, out, labels: torch.Tensor, ce: torch.Tensor,
-                  cfg: TrainConfig) -> dict[str, float]:
-    """Pilot study: angles between grad(CE) and grad(SCL) / grad(ACL-Embed) over all parameters (no update)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    rep = out.reps[-1].float()
-    probes = {"scl": supcon_loss(rep, labels, temperature=cfg.temperature),
-              "acl_embed": acl_embed_loss(rep, labels, model.label_embeddings(-1).float(),
-                                          temperature=cfg.temperature, anchors=cfg.anchors)}
-    row = {}
-    for name, cos in zip(probes, gradient_cosines(ce, list(probes.values()), params)):
-        row[f"cos_{name}"] = cos
-        row[f"angle_{name}"] = angle_degrees(cos)
-    return row
+    return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope="params", scope_params=scope_params,
+                   reduce=reduce)
 
 
 class _History:
-    """Append-only JSONL log of steps and evaluations, mirrored in memory."""
+    """Append-only JSONL log of steps and evaluations, mirrored in memory (written by rank 0 only)."""
 
     def __init__(self, path: Path, keep_until: int | None) -> None:
         self.path = path
@@ -202,198 +189,435 @@ class _History:
                 if row["step"] <= keep_until:
                     (self.evals if row.get("event") == "eval" else self.steps).append(row)
         rows = sorted(self.steps + self.evals, key=lambda r: (r["step"], r.get("event") == "eval"))
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if dist.is_main():
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     def add(self, row: dict) -> None:
         (self.evals if row.get("event") == "eval" else self.steps).append(row)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        if dist.is_main():
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
 
 
 def _summary(history: list[dict], gated: bool) -> dict[str, Any]:
+    """Gate drop rate and angle statistics of a run's step rows.
+
+    ``drop_rate`` is one convention for every ``grad_accum``: a row's ``kept`` is the fraction of
+    its micro-batches whose auxiliary term was kept (True/False with one micro-batch), and the
+    drop rate is 1 - the mean of ``kept`` over steps = the fraction of micro-batches dropped.
+    """
     summary: dict[str, Any] = {}
     angles = [r["angle"] for r in history if r.get("angle") is not None and math.isfinite(r["angle"])]
     if gated:
-        kept = [r["kept"] for r in history if "kept" in r]
+        kept = [float(r["kept"]) for r in history if "kept" in r]
         summary["gate"] = {"steps": len(kept), "drop_rate": 1.0 - sum(kept) / max(1, len(kept))}
-    if angles:
-        s = sorted(angles)
-        summary["angle"] = {"median": s[len(s) // 2], "frac_over_90": sum(a > 90 for a in s) / len(s)}
+    if angles:  # the kit's one median (acl_lab.analysis.stats), so metrics.json and every table agree
+        summary["angle"] = {"median": median(angles),
+                            "frac_over_90": sum(a > CONFLICT_DEGREES for a in angles) / len(angles)}
     return summary
 
 
+def _micro_batches_per_epoch(n: int, batch_size: int, world: int) -> int:
+    """Usable global batches per epoch: the last, partial one only when it splits evenly over the processes."""
+    full, rest = divmod(n, batch_size)
+    return full + (1 if rest and rest % world == 0 else 0)
+
+
+@dataclass
+class TrainState:
+    """Where a run is: optimizer steps done, epoch, global batches consumed in it, best dev score, time."""
+
+    step: int = 0
+    epoch: int = 0
+    micro_in_epoch: int = 0
+    best_score: float | None = None
+    best_step: int | None = None
+    train_seconds: float = 0.0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainState":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+Hook = Callable[["Trainer", dict[str, Any]], None]
+
+
 # ---------------------------------------------------------------------------
-# the public entry point
+# the trainer
+# ---------------------------------------------------------------------------
+
+class Trainer:
+    """One fine-tuning run, as pieces you can drive: ``step()``, ``evaluate()``, ``save()``, ``fit()``.
+
+    Built from a :class:`TrainConfig`: the output directory is checked (see
+    :func:`prepare_output_dir`), the process group of a launcher joined
+    (torchrun: see README "Several processes"), then the model, data, optimizer,
+    scheduler, ACL-Grad gate (``gate``, None when off) and :class:`TrainState`
+    (``state``, restored with ``resume=True``) are built. ``fit()`` runs the loop
+    and writes the run's files; :func:`train` is ``Trainer(...).fit()``.
+
+    Hooks: ``on_step`` and ``on_eval`` are lists of ``fn(trainer, row)``, called
+    after every optimizer step (with the step row that goes to ``history.jsonl``)
+    and after every dev evaluation (rank 0 only). Attributes are public, so a
+    benchmark may, e.g., replace ``gate`` before ``fit()``.
+
+    Several processes: ``model`` is the plain module, ``net`` the
+    DistributedDataParallel wrapper that forwards run through (``net is model`` in
+    one process). Gated steps and probe steps bypass DDP's reducer (``no_sync``)
+    and all-reduce the two gradient sets themselves (:mod:`acl_lab.grad`, ``reduce``).
+    """
+
+    def __init__(self, config: TrainConfig | dict, resume: bool = False, overwrite: bool = False,
+                 progress: bool = True) -> None:
+        cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
+        cfg.validate()
+        self.task: TaskSpec = get_task(cfg.task)
+        if self.task.is_regression and cfg.contrastive:
+            raise AclLabError(f"Objective {cfg.objective!r} needs class labels, but task {cfg.task!r} is a regression "
+                              "task. Fix: use --objective ce or me-ce for STS-B.")
+        self.device = dist.init_from_env(get_device(cfg.device), cfg.dist_backend)
+        cfg = cfg.replace(world_size=dist.world_size())
+        dist.local_batch_size(cfg.batch_size)  # a clear error before anything is built
+        self.cfg = cfg
+        self.progress = progress and dist.is_main()
+        self.on_step: list[Hook] = []
+        self.on_eval: list[Hook] = []
+        self.output_dir = _on_main(prepare_output_dir, cfg, resume, overwrite)
+        self.finished: TrainResult | None = None
+        if resume and (self.output_dir / "metrics.json").exists():
+            self.finished = load_result(self.output_dir)  # already finished: fit() returns it, nothing is built
+            return
+        self._build(resume)
+
+    # ---- construction ------------------------------------------------------
+    def _build(self, resume: bool) -> None:
+        cfg, task = self.cfg, self.task
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        set_seed(cfg.seed)
+        self.dtype = amp_dtype(self.device, cfg.amp)
+        self.model, self.tokenizer = build_model(cfg.model, task.num_labels, multi_exit=cfg.multi_exit,
+                                                 dropout=cfg.dropout, seed=cfg.seed, pooling=cfg.pooling)
+        self.model.to(self.device)
+        if dist.rank() > 0:
+            torch.manual_seed(cfg.seed + dist.rank())  # own dropout masks; rank 0 keeps the one-process stream
+        data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, max_train_samples=cfg.max_train_samples,
+                         max_eval_samples=cfg.max_eval_samples, seed=cfg.seed)
+        self.encoded = tokenize(data, self.tokenizer, cfg.max_length)
+        self.eval_loaders = {s: make_loader(self.encoded[s], self.tokenizer, EVAL_BATCH_SIZE, shuffle=False)
+                             for s in self.encoded if s != "train"}
+        n_micro = _micro_batches_per_epoch(len(self.encoded["train"]), cfg.batch_size, dist.world_size())
+        if n_micro == 0:
+            raise AclLabError(f"The training split has {len(self.encoded['train'])} samples, fewer than one batch "
+                              f"({cfg.batch_size}) that splits over {dist.world_size()} processes. "
+                              "Fix: lower --batch-size or use more training samples.")
+        self.steps_per_epoch = math.ceil(n_micro / cfg.grad_accum)
+        self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
+        self.optimizer = make_optimizer(self.model, cfg)
+        self.scheduler = make_scheduler(self.optimizer, self.total_steps, cfg.warmup_ratio)
+        self.scaler = grad_scaler(self.device, self.dtype)
+        reduce = dist.all_reduce_mean if dist.is_distributed() else None
+        self.gate: ACLGrad | None = make_gate(self.model, cfg, reduce) if cfg.use_acl_grad else None
+        self.state = TrainState()
+        last = self.output_dir / "checkpoints" / "last"
+        if resume and last.exists():
+            raw = load_training_state(last, self.model, self.optimizer)
+            self.scheduler.load_state_dict(raw["scheduler"])
+            self.state = TrainState.from_dict(raw)
+            if dist.rank() > 0 and raw.get("rank_rng"):
+                rng = raw["rank_rng"][dist.rank() - 1]
+                set_rng_state({"torch_rng": torch.tensor(rng["torch"], dtype=torch.uint8)}, rng)
+        self.net = self.model
+        if dist.is_distributed():
+            from torch.nn.parallel import DistributedDataParallel
+
+            # no buffer broadcast before every forward: the encoder's buffers (position ids) are constants
+            params = inspect.signature(DistributedDataParallel).parameters
+            no_sync_buffers = {"forward_sync_buffers": False} if "forward_sync_buffers" in params \
+                else {"broadcast_buffers": False}
+            self.net = DistributedDataParallel(self.model, device_ids=[self.device] if self.device.type == "cuda"
+                                               else None, **no_sync_buffers)
+
+    # ---- one optimizer step ------------------------------------------------
+    def step(self, batches: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+        """One optimizer step over this process's micro-batches (gradient accumulation); return the step row.
+
+        The row holds the losses (means over the micro-batches, global over the
+        processes), ``lam_t`` (the lambda actually applied: ``cfg.lam`` when the
+        auxiliary term was kept, 0 when the gate dropped it or there is no
+        auxiliary term; for ``me-acl-cl`` the same decision also applies mu), the
+        gate's ``cos``/``angle``/``kept`` (``kept``: fraction of micro-batches
+        kept), the pilot probe's angles on probe steps, ``grad_norm``, and
+        ``step``/``epoch``/``lr``. Advances the scheduler and ``state.step``; calls ``on_step``.
+        """
+        cfg = self.cfg
+        self.model.train()
+        probe = cfg.probe_angles and self.state.step % cfg.probe_every == 0  # steps 1, 1+k, ...
+        ddp = self.net is not self.model
+        # DDP's reducer averages plain backward passes; gated and probe steps average their own gradients
+        explicit = ddp and (self.gate is not None or probe)
+        scale = 1.0 / len(batches)
+        rows, local_grads = [], False
+        for i, batch in enumerate(batches):
+            sync = ddp and not explicit and i == len(batches) - 1
+            with (self.net.no_sync() if ddp and not sync else contextlib.nullcontext()):
+                row, local = self._micro_step(batch, scale, probe)
+            rows.append(row)
+            local_grads |= local
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if explicit and local_grads:
+            for p, g in zip(params, reduce_grads(dist.all_reduce_mean, [p.grad for p in params])[0]):
+                p.grad = g
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.state.step += 1
+        merged = _mean_rows(rows)
+        merged["grad_norm"] = float(grad_norm)
+        row = {"step": self.state.step, "epoch": self.state.epoch, "lr": self.scheduler.get_last_lr()[0], **merged}
+        for hook in self.on_step:
+            hook(self, row)
+        return row
+
+    def _micro_step(self, batch: dict, scale: float, probe: bool) -> tuple[dict[str, Any], bool]:
+        """Forward, losses and backward of one micro-batch; returns its row and whether its gradient is local."""
+        cfg, model = self.cfg, self.model
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        labels = batch["labels"]
+        with autocast(self.device, self.dtype):
+            out = self.net(**batch)
+        lp = compute_losses(model, out, labels, cfg, regression=self.task.is_regression)
+        row = _global_mean({"loss": lp.total.item(), **lp.parts}, self.device)
+        if not math.isfinite(row["loss"]):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.save("last")
+            raise AclLabError(
+                f"Non-finite loss ({row['loss']}) in training; stopped before updating the weights. The last good "
+                f"state is saved in {self.output_dir / 'checkpoints' / 'last'}. Fix: lower --lr, raise "
+                "--temperature, or check the data for empty texts; then resume or start again."
+            )
+        scaler = self.scaler
+        scale_fn = (lambda t: scaler.scale(t) * scale) if scaler is not None else (lambda t: t * scale)
+        reduce = dist.all_reduce_mean if dist.is_distributed() else None
+        params = [p for p in model.parameters() if p.requires_grad]
+        probes = probe_losses(model, out, labels, cfg) if probe else None
+        if probes is not None and lp.aux is None:
+            # objective ce / me-ce: g_CE is the whole update, so it is computed once and serves the probe too
+            g_ce = torch.autograd.grad(scale_fn(lp.ce), params, retain_graph=True, allow_unused=True)
+            (g_ce,) = reduce_grads(reduce, g_ce)
+            row.update(_probe_row(probes, gradient_cosines(g_ce, list(probes.values()), params, reduce)))
+            for p, g in zip(params, g_ce):
+                if g is not None:
+                    p.grad = g.clone() if p.grad is None else p.grad.add_(g)
+            row["lam_t"] = 0.0
+            return row, False
+        if probes is not None:  # the update's gradients are a different sum: g_CE is taken once more for the probe
+            row.update(_probe_row(probes, gradient_cosines(lp.ce, list(probes.values()), params, reduce)))
+        if self.gate is not None and lp.aux is not None:
+            rec = self.gate.backward(lp.ce, lp.aux, scale=scale_fn, scope_tensors=out.reps)
+            row.update(cos=rec.cos, angle=rec.angle, kept=bool(rec.kept), lam_t=cfg.lam * rec.lam_t)
+            return row, self.gate.reduce is None
+        scale_fn(lp.total).backward()
+        row["lam_t"] = 0.0 if lp.aux is None else cfg.lam
+        return row, True
+
+    # ---- evaluation and checkpoints -----------------------------------------
+    def evaluate(self, split: str = "dev") -> list[dict[str, float]]:
+        """Metrics of every exit on ``split`` (the plain module; no collective, so rank 0 may call it alone)."""
+        if split not in self.eval_loaders:
+            raise AclLabError(f"Split {split!r} is not in task {self.cfg.task!r}; available: "
+                              f"{', '.join(self.eval_loaders)}.")
+        return run_evaluation(self.model, self.eval_loaders[split], self.task, self.device)
+
+    def save(self, which: str = "last") -> Path | None:
+        """Write ``checkpoints/last`` (resumable: optimizer, scheduler, state, RNG) or ``checkpoints/best`` (weights).
+
+        ``last`` is written only with ``save_checkpoints`` and is collective under several
+        processes (every rank's RNG state goes into it; call it on every rank); ``best`` is
+        written by the calling process. Only rank 0 writes. Returns the folder, or None.
+        """
+        folder = self.output_dir / "checkpoints" / which
+        if which == "best":
+            return save_checkpoint(folder, self.model, self.cfg) if dist.is_main() else None
+        if which != "last":
+            raise bad_value("which", which, ("last", "best"), "save('last') or save('best').")
+        if not self.cfg.save_checkpoints:
+            return None
+        extra: dict[str, Any] = {}
+        if dist.is_distributed():
+            tensors, meta = rng_state()
+            ranks = dist.gather_objects({"torch": tensors["torch_rng"].tolist(), **meta})
+            extra["rank_rng"] = ranks[1:]
+        if dist.is_main():
+            save_checkpoint(folder, self.model, self.cfg, self.optimizer,
+                            {**dataclasses.asdict(self.state), "scheduler": self.scheduler.state_dict(),
+                             "total_steps": self.total_steps, **extra})
+        return folder
+
+    def _run_eval(self, history: "_History") -> None:
+        per_exit = self.evaluate("dev")
+        score = per_exit[-1][self.task.main_metric]
+        row = {"event": "eval", "step": self.state.step, "split": "dev", "score": score, "per_exit": per_exit}
+        history.add(row)
+        if self.state.best_score is None or score > self.state.best_score:
+            self.state.best_score, self.state.best_step = score, self.state.step
+            self.save("best")
+        for hook in self.on_eval:
+            hook(self, row)
+
+    # ---- the loop ------------------------------------------------------------
+    def batches(self):
+        """This process's shards of the global training batches from ``state`` on, as groups of ``grad_accum``.
+
+        Yields ``(group, consumed)``: the group for one optimizer step and how many global batches
+        it used. Every process iterates the same batches (seeded by ``seed`` and the epoch) and keeps
+        its slice (:func:`acl_lab.distributed.shard`); a last batch that does not split evenly is skipped.
+        """
+        cfg, state = self.cfg, self.state
+        while True:
+            loader = make_loader(self.encoded["train"], self.tokenizer, cfg.batch_size, shuffle=True,
+                                 seed=cfg.seed * 1000 + state.epoch)
+            it = iter(loader)
+            for _ in range(state.micro_in_epoch):
+                next(it)
+            while True:
+                taken = [b for _, b in zip(range(cfg.grad_accum), it)]
+                group = [s for s in map(dist.shard, taken) if s is not None]
+                if not group:
+                    break
+                yield group, len(taken)
+            state.epoch += 1
+            state.micro_in_epoch = 0
+
+    def fit(self) -> TrainResult:
+        """Train to ``total_steps`` (from ``state``), evaluating and checkpointing; write the run's files."""
+        if self.finished is not None:
+            return self.finished
+        cfg, state, out = self.cfg, self.state, self.output_dir
+        last_dir = out / "checkpoints" / "last"
+        if dist.is_main():
+            cfg.to_json(out / "config.json")
+        history = _History(out / "history.jsonl", keep_until=state.step)
+        eval_every = cfg.eval_every or self.steps_per_epoch
+        bar = _progress(self.total_steps, state.step, enabled=self.progress, desc=f"{cfg.objective} {cfg.task}")
+        t_start = time.perf_counter() - state.train_seconds
+        try:
+            with _StopFlag() as stop:
+                groups = self.batches()
+                while state.step < self.total_steps:
+                    group, consumed = next(groups)
+                    row = self.step(group)
+                    state.micro_in_epoch += consumed
+                    state.train_seconds = time.perf_counter() - t_start
+                    history.add(row)
+                    _update_bar(bar, row)
+                    if state.step % eval_every == 0 or state.step == self.total_steps:
+                        if dist.is_main():
+                            self._run_eval(history)
+                        self.save("last")
+                    if dist.any_rank(stop.requested):
+                        raise _Interrupted
+        except _Interrupted:
+            self.save("last")
+            bar.close()
+            _say(f"[acl_lab] interrupted at step {state.step}/{self.total_steps}; resumable checkpoint in {last_dir}. "
+                 "Resume with resume=True (--resume).")
+            raise KeyboardInterrupt from None
+        except KeyboardInterrupt:
+            bar.close()
+            _say(f"[acl_lab] stopped at once (second interrupt); the last checkpoint in {last_dir} is kept. "
+                 "Resume with resume=True (--resume).")
+            raise
+        bar.close()
+        if dist.is_main():
+            self._finish(history)
+        dist.barrier()
+        return load_result(out) if not dist.is_main() else self._result
+
+    def _finish(self, history: "_History") -> None:
+        """Best checkpoint on every split, representation dump, metrics.json (rank 0)."""
+        cfg, state, out, task = self.cfg, self.state, self.output_dir, self.task
+        best_dir = out / "checkpoints" / "best"
+        if best_dir.exists():
+            load_model_weights(best_dir, self.model)
+        metrics: dict[str, Any] = {"task": cfg.task, "objective": cfg.objective, "seed": cfg.seed, "model": cfg.model,
+                                   "steps": state.step, "best_step": state.best_step,
+                                   "train_seconds": round(state.train_seconds, 2), "device": str(self.device),
+                                   "world_size": dist.world_size()}
+        for split in self.eval_loaders:
+            per_exit = self.evaluate(split)
+            metrics[split] = per_exit[-1]
+            metrics[f"{split}_per_exit"] = per_exit
+        metrics["exit_layers"] = list(self.model.exit_layers)
+        metrics.update(_summary(history.steps, self.gate is not None))
+        metrics["config"] = cfg.to_dict()
+        if not task.is_regression:
+            dump_representations(self.model, self.eval_loaders["dev"], self.device, out / "representations.safetensors",
+                                 list(task.label_names))
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        self._result = TrainResult(cfg, metrics, history.steps, history.evals, out)
+
+
+# ---------------------------------------------------------------------------
+# the one-call entry point
 # ---------------------------------------------------------------------------
 
 def train(config: TrainConfig | dict, resume: bool = False, overwrite: bool = False,
           progress: bool = True) -> TrainResult:
-    """Fine-tune a model as ``config`` says; return metrics, history and paths (see module docstring)."""
-    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(dict(config))
-    cfg.validate()
-    task = get_task(cfg.task)
-    if task.is_regression and cfg.contrastive:
-        raise AclLabError(f"Objective {cfg.objective!r} needs class labels, but task {cfg.task!r} is a regression task. "
-                          "Fix: use --objective ce or me-ce for STS-B.")
-    out = prepare_output_dir(cfg, resume, overwrite)
-    last_dir, best_dir = out / "checkpoints" / "last", out / "checkpoints" / "best"
-    if resume and (out / "metrics.json").exists():
-        return load_result(out)  # already finished: nothing to do
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    set_seed(cfg.seed)
-    device = get_device(cfg.device)
-    dtype = amp_dtype(device, cfg.amp)
+    """Fine-tune a model as ``config`` says; return metrics, history and paths (see module docstring).
 
-    model, tokenizer = build_model(cfg.model, task.num_labels, multi_exit=cfg.multi_exit, dropout=cfg.dropout,
-                                   seed=cfg.seed, pooling=cfg.pooling)
-    model.to(device)
-    data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, max_train_samples=cfg.max_train_samples,
-                     max_eval_samples=cfg.max_eval_samples, seed=cfg.seed)
-    enc = tokenize(data, tokenizer, cfg.max_length)
-    eval_loaders = {s: make_loader(enc[s], tokenizer, EVAL_BATCH_SIZE, shuffle=False) for s in enc if s != "train"}
-    n_micro = math.ceil(len(enc["train"]) / cfg.batch_size)
-    steps_per_epoch = math.ceil(n_micro / cfg.grad_accum)
-    total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * steps_per_epoch))
-
-    optimizer = _optimizer(model, cfg)
-    scheduler = _scheduler(optimizer, total_steps, cfg.warmup_ratio)
-    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
-    gate = _make_gate(model, cfg) if cfg.use_acl_grad else None
-    state: dict[str, Any] = {"step": 0, "epoch": 0, "micro_in_epoch": 0, "best_score": None, "best_step": None,
-                             "train_seconds": 0.0}
-    if resume and last_dir.exists():
-        state = load_training_state(last_dir, model, optimizer)
-        scheduler.load_state_dict(state["scheduler"])
-    cfg.to_json(out / "config.json")
-    history = _History(out / "history.jsonl", keep_until=state["step"])
-
-    def checkpoint_last() -> None:
-        if cfg.save_checkpoints:
-            save_checkpoint(last_dir, model, cfg, optimizer, {**state, "scheduler": scheduler.state_dict(),
-                                                              "total_steps": total_steps})
-
-    def run_eval() -> None:
-        per_exit = evaluate(model, eval_loaders["dev"], task, device)
-        score = per_exit[-1][task.main_metric]
-        row = {"event": "eval", "step": state["step"], "split": "dev", "score": score, "per_exit": per_exit}
-        history.add(row)
-        if state["best_score"] is None or score > state["best_score"]:
-            state["best_score"], state["best_step"] = score, state["step"]
-            save_checkpoint(best_dir, model, cfg)
-
-    eval_every = cfg.eval_every or steps_per_epoch
-    bar = _progress(total_steps, state["step"], enabled=progress, desc=f"{cfg.objective} {cfg.task}")
-    t_start = time.perf_counter() - state["train_seconds"]
-    try:
-        with _StopFlag() as stop:
-            while state["step"] < total_steps:
-                loader = make_loader(enc["train"], tokenizer, cfg.batch_size, shuffle=True,
-                                     seed=cfg.seed * 1000 + state["epoch"])
-                batches = iter(loader)
-                for _ in range(state["micro_in_epoch"]):
-                    next(batches)
-                while state["step"] < total_steps:
-                    group = [b for _, b in zip(range(cfg.grad_accum), batches)]
-                    if not group:
-                        break
-                    probe = cfg.probe_angles and state["step"] % cfg.probe_every == 0  # steps 1, 1+k, ...
-                    row = _train_step(model, group, cfg, task, device, dtype, optimizer, scaler, gate,
-                                      checkpoint_last, probe)
-                    scheduler.step()
-                    state["step"] += 1
-                    state["micro_in_epoch"] += len(group)
-                    state["train_seconds"] = time.perf_counter() - t_start
-                    history.add({"step": state["step"], "epoch": state["epoch"], "lr": scheduler.get_last_lr()[0], **row})
-                    _update_bar(bar, row)
-                    if state["step"] % eval_every == 0 or state["step"] == total_steps:
-                        run_eval()
-                        checkpoint_last()
-                    if stop.requested:
-                        raise _Interrupted
-                if state["step"] < total_steps:
-                    state["epoch"] += 1
-                    state["micro_in_epoch"] = 0
-    except _Interrupted:
-        checkpoint_last()
-        bar.close()
-        print(f"[acl_lab] interrupted at step {state['step']}/{total_steps}; resumable checkpoint in {last_dir}. "
-              "Resume with resume=True (--resume).")
-        raise KeyboardInterrupt from None
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"[acl_lab] stopped at once (second interrupt); the last checkpoint in {last_dir} is kept. "
-              "Resume with resume=True (--resume).")
-        raise
-    bar.close()
-
-    # final: best checkpoint on dev and test, representation dump
-    if best_dir.exists():
-        load_model_weights(best_dir, model)
-    metrics: dict[str, Any] = {"task": cfg.task, "objective": cfg.objective, "seed": cfg.seed, "model": cfg.model,
-                               "steps": state["step"], "best_step": state["best_step"],
-                               "train_seconds": round(state["train_seconds"], 2), "device": str(device)}
-    for split, loader in eval_loaders.items():
-        per_exit = evaluate(model, loader, task, device)
-        metrics[split] = per_exit[-1]
-        metrics[f"{split}_per_exit"] = per_exit
-    metrics["exit_layers"] = list(model.exit_layers)
-    metrics.update(_summary(history.steps, gate is not None))
-    metrics["config"] = cfg.to_dict()
-    if not task.is_regression:
-        dump_representations(model, eval_loaders["dev"], device, out / "representations.safetensors",
-                             list(task.label_names))
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    return TrainResult(cfg, metrics, history.steps, history.evals, out)
+    ``Trainer(config, resume, overwrite, progress).fit()``. Under torchrun every process calls it
+    and gets the same result; only rank 0 writes files and shows progress.
+    """
+    return Trainer(config, resume=resume, overwrite=overwrite, progress=progress).fit()
 
 
-def _train_step(model, group, cfg: TrainConfig, task: TaskSpec, device, dtype, optimizer, scaler,
-                gate: ACLGrad | None, on_bad, probe: bool = False) -> dict[str, Any]:
-    """One optimizer step over a group of micro-batches (gradient accumulation); returns the log row."""
-    model.train()
-    scale = 1.0 / len(group)
-    rows: list[dict[str, Any]] = []
-    for batch in group:
-        batch = {k: v.to(device) for k, v in batch.items()}
-        labels = batch["labels"]
-        with autocast(device, dtype):
-            out = model(**batch)
-        lp = compute_losses(model, out, labels, cfg, regression=task.is_regression)
-        total = lp.total
-        if not torch.isfinite(total.detach()):
-            optimizer.zero_grad(set_to_none=True)
-            on_bad()
-            raise AclLabError(
-                f"Non-finite loss ({total.item()}) in training; stopped before updating the weights. The last good "
-                f"state is saved in {Path(cfg.output_dir) / 'checkpoints' / 'last'}. Fix: lower --lr, raise "
-                "--temperature, or check the data for empty texts; then resume or start again."
-            )
-        row = {"loss": total.item(), **lp.parts}
-        if probe:
-            row.update(_probe_angles(model, out, labels, lp.ce, cfg))
-        scale_fn = (lambda t: scaler.scale(t) * scale) if scaler is not None else scale
-        if gate is not None and lp.aux is not None:
-            rec = gate.backward(lp.ce, lp.aux, scale=scale_fn, scope_tensors=out.reps)
-            row.update(cos=rec.cos, angle=rec.angle, kept=bool(rec.kept))
-        else:
-            (scale_fn(total) if callable(scale_fn) else total * scale_fn).backward()
-        rows.append(row)
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    params = [p for p in model.parameters() if p.grad is not None]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    merged = _mean_rows(rows)
-    merged["grad_norm"] = float(grad_norm)
-    return merged
+def _on_main(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on rank 0 only, its result (or its AclLabError) shared with every rank."""
+    result, error = None, None
+    if dist.is_main():
+        try:
+            result = fn(*args)
+        except AclLabError as exc:
+            error = str(exc)
+    error = dist.broadcast_object(error)
+    if error is not None:
+        raise AclLabError(error)
+    return dist.broadcast_object(result)
+
+
+def _global_mean(row: dict[str, float], device: torch.device) -> dict[str, float]:
+    """The row's values averaged over processes (one small all-reduce): CE parts are shard means."""
+    if not dist.is_distributed():
+        return row
+    keys = list(row)
+    values = dist.all_reduce_mean(torch.tensor([row[k] for k in keys], dtype=torch.float64, device=device))
+    return dict(zip(keys, values.tolist()))
+
+
+def _probe_row(probes: dict[str, torch.Tensor], cosines: list[float]) -> dict[str, float]:
+    row = {}
+    for name, cos in zip(probes, cosines):
+        row[f"cos_{name}"] = cos
+        row[f"angle_{name}"] = angle_degrees(cos)
+    return row
+
+
+def _say(text: str) -> None:
+    if dist.is_main():
+        print(text)
 
 
 def _mean_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row for a step: the mean over its micro-batches (``kept`` becomes the fraction kept)."""
     if len(rows) == 1:
         return rows[0]
     merged: dict[str, Any] = {}
@@ -415,18 +639,3 @@ def _update_bar(bar, row: dict) -> None:
         post["angle"] = f"{row['angle']:.0f}"
     bar.set_postfix(post, refresh=False)
     bar.update(1)
-
-
-def load_result(output_dir: str | Path) -> TrainResult:
-    """Read a finished run back from its output directory (metrics, history, config)."""
-    out = Path(output_dir)
-    if not (out / "metrics.json").is_file():
-        raise AclLabError(f"{str(out)!r} holds no finished run (no metrics.json). Fix: train it first, or resume it "
-                          "with resume=True (--resume).")
-    metrics = json.loads((out / "metrics.json").read_text())
-    steps, evals = [], []
-    if (out / "history.jsonl").exists():
-        for line in (out / "history.jsonl").read_text().splitlines():
-            row = json.loads(line)
-            (evals if row.get("event") == "eval" else steps).append(row)
-    return TrainResult(TrainConfig.from_dict(metrics["config"]), metrics, steps, evals, out)

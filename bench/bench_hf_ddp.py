@@ -7,13 +7,15 @@ Command (from the repository root)::
 
 For each variant -- ``acl-embed`` (ungated: one backward, DDP's own reducer syncs the gradient),
 ``acl`` with ``scope="all"`` (the exact gate: forward and backward under ``no_sync()``, then g_CE and
-g_aux averaged in one coalesced all-reduce by ``acl_lab.distributed.all_reduce_mean``) and ``acl``
-with ``scope="repr"`` (three numbers summed over ranks, then one DDP-synced backward) -- it trains
+g_aux averaged in one flat all-reduce by ``acl_lab.distributed.all_reduce_mean``) and ``acl``
+with ``scope="repr"`` (three sums averaged over ranks, then the one combined gradient averaged by the
+gate, also under ``no_sync()``) -- it trains
 ``acl_lab.hf.ACLTrainer`` on rt-polarity (length 40, SGD, the same batches in the same order) once
 in one process and once under ``torchrun --nproc_per_node 2`` (gloo, CPU), each process with ONE
 torch thread, and reports the median wall time of an optimizer step (steps after the first two).
-In the 2-process runs the time spent inside ``all_reduce_mean`` and the bytes it reduced are
-recorded per step: that is the communication the exact gate adds on top of DDP.
+In the 2-process runs the time spent inside the gate's ``all_reduce_mean`` calls and the bytes they
+reduced are recorded per step: that is the communication of the gated step (DDP's reducer sends
+nothing then; ``acl-embed`` shows DDP's own).
 
 Writes ``--json`` (default ``bench/results/hf_ddp.json``) and prints a table. The machine is
 shared: the output states the load average before and after, and the ratios are what to read.
@@ -40,7 +42,7 @@ def worker(variant: str, model_name: str, global_batch: int, steps: int) -> None
     from torch.utils.data import SequentialSampler
     from transformers import TrainerCallback, TrainingArguments
 
-    import acl_lab.grad as grad_module
+    import acl_lab.hf as hf_module
     from acl_lab.data import load_task, tokenize
     from acl_lab.distributed import is_main
     from acl_lab.hf import ACLTrainer, sequence_classifier
@@ -48,17 +50,17 @@ def worker(variant: str, model_name: str, global_batch: int, steps: int) -> None
     torch.set_num_threads(1)
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     comm = {"seconds": 0.0, "bytes": 0, "calls": 0}
-    reduce = grad_module.all_reduce_mean
+    reduce = hf_module.all_reduce_mean
 
-    def timed_reduce(tensors):
+    def timed_reduce(tensor):
         start = time.perf_counter()
-        out = reduce(tensors)
+        out = reduce(tensor)
         comm["seconds"] += time.perf_counter() - start
-        comm["bytes"] += sum(t.numel() * t.element_size() for t in tensors) if processes > 1 else 0
+        comm["bytes"] += tensor.numel() * tensor.element_size() if processes > 1 else 0
         comm["calls"] += 1
         return out
 
-    grad_module.all_reduce_mean = timed_reduce
+    hf_module.all_reduce_mean = timed_reduce  # what ACLTrainer hands to ACLGrad(reduce=...)
 
     class StepTimer(TrainerCallback):
         def __init__(self):

@@ -19,11 +19,11 @@ threads wait on each other and a CE step goes from ~1.8 s to 3-9 s, erratically
 Part 1, step cost. On the real MiniLM-L6 (single exit, batch 32, max length 64,
 dynamic padding, CPU, float32) every variant -- ce, ce+scl, acl-embed, acl with
 the exact scope ``all`` and with each cheap scope ``top-layer``, ``head``,
-``repr`` -- gets its own copy of the same pretrained model and its own AdamW
-(built by the trainer's ``_optimizer``; gate by ``_make_gate``). One timed step
-is one call of the trainer's real ``acl_lab.trainer._train_step`` on one batch:
-forward, losses, backward (or the ACL-Grad gate), gradient clipping, AdamW step,
-zero_grad (the LR scheduler step is not included). All variants run on the same
+``repr`` -- gets its own ``acl_lab.trainer.Trainer`` (the same pretrained model,
+its own AdamW and gate, as a real run builds them). One timed step is one call
+of the public ``Trainer.step([batch])`` on one batch: forward, losses, backward
+(or the ACL-Grad gate), gradient clipping, AdamW step, zero_grad and the LR
+scheduler step (microseconds). All variants run on the same
 fixed batches, interleaved round-robin per batch (order rotated every round),
 after warm-up steps; each variant's ratio to CE is the median over all
 (round, batch) pairs of t_variant / t_ce on the same batch in the same round.
@@ -31,7 +31,8 @@ The ratio of the median times is printed too.
 
 Part 2, agreement. A real ``acl_lab.trainer.train()`` run of objective ``acl``
 (lambda 0.1, threshold 90, scope ``all`` driving the update) on rt-polarity.
-Its gate is the real ``ACLGrad(scope="all")`` with one addition made here:
+Its gate (``Trainer.gate``, replaced before ``fit()``) is the real ``ACLGrad(scope="all")`` with one
+addition made here:
 before the exact backward it also measures, on the same batch and graph, the
 cosine each cheap scope would use (``acl_lab.grad.gradient_cosine`` over the
 classifier head, the top layer + head, or the [CLS] representation -- the same
@@ -48,7 +49,6 @@ same trajectory.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import shutil
@@ -67,12 +67,10 @@ if str(REPO) not in sys.path:
 
 from report import Report  # noqa: E402  (bench/report.py, beside this script)
 
-from acl_lab import trainer as trainer_mod  # noqa: E402
 from acl_lab.config import TrainConfig  # noqa: E402
-from acl_lab.data import load_task, make_loader, tokenize  # noqa: E402
+from acl_lab.data import make_loader  # noqa: E402
 from acl_lab.grad import ACLGrad, angle_degrees, gradient_cosine  # noqa: E402
-from acl_lab.model import build_model  # noqa: E402
-from acl_lab.tasks import get_task  # noqa: E402
+from acl_lab.trainer import Trainer  # noqa: E402
 
 TASK = "rt-polarity"
 CHEAP_SCOPES = ("top-layer", "head", "repr")
@@ -93,32 +91,30 @@ VARIANTS = [
 # ---------------------------------------------------------------------------
 
 def time_steps(args, say: Report) -> dict:
-    task = get_task(TASK)
-    device = torch.device("cpu")
-    base, tok = build_model(args.model, task.num_labels, multi_exit=False, dropout=0.1, seed=args.seed)
     n_batches = args.batches
-    data = load_task(TASK, max_train_samples=max(n_batches * args.batch_size, 64), seed=args.seed)
-    enc = tokenize(data, tok, args.max_length)
-    loader = make_loader(enc["train"], tok, args.batch_size, shuffle=True, seed=args.seed)
+    n_train = max(n_batches * args.batch_size, 64)
+    work = Path(tempfile.mkdtemp(prefix="acl_bench_steps_"))
+    runners: dict[str, Trainer] = {}
+    try:
+        for label, objective, scope in VARIANTS:
+            cfg = TrainConfig(task=TASK, model=args.model, objective=objective, angle_scope=scope,
+                              batch_size=args.batch_size, max_length=args.max_length, seed=args.seed,
+                              max_train_samples=n_train, max_eval_samples=64, max_steps=100_000, device="cpu",
+                              num_threads=args.threads, save_checkpoints=False,
+                              output_dir=str(work / label.replace(" ", "_"))).validate()
+            runners[label] = Trainer(cfg, overwrite=True, progress=False)  # builds; fit() is never called
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    first = next(iter(runners.values()))
+    loader = make_loader(first.encoded["train"], first.tokenizer, args.batch_size, shuffle=True, seed=args.seed)
     batches = [b for _, b in zip(range(n_batches), loader)]
     pad_lens = [int(b["input_ids"].shape[1]) for b in batches]
-
-    runners = {}
-    for label, objective, scope in VARIANTS:
-        cfg = TrainConfig(task=TASK, model=args.model, objective=objective, angle_scope=scope,
-                          batch_size=args.batch_size, max_length=args.max_length, seed=args.seed).validate()
-        model = copy.deepcopy(base).to(device)
-        optimizer = trainer_mod._optimizer(model, cfg)
-        gate = trainer_mod._make_gate(model, cfg) if cfg.use_acl_grad else None
-        runners[label] = (model, cfg, optimizer, gate)
-    del base
 
     kept: dict[str, list[bool]] = {label: [] for label, *_ in VARIANTS}
 
     def step(label: str, batch: dict) -> float:
-        model, cfg, optimizer, gate = runners[label]
         t0 = time.perf_counter()
-        row = trainer_mod._train_step(model, [batch], cfg, task, device, None, optimizer, None, gate, lambda: None)
+        row = runners[label].step([batch])
         dt = time.perf_counter() - t0
         if "kept" in row:
             kept[label].append(bool(row["kept"]))
@@ -219,33 +215,26 @@ def analyse(ang: dict[str, np.ndarray]) -> dict:
 
 
 def agreement(args, say: Report) -> dict:
-    gates: list[ProbingGate] = []
-
-    def make_gate(model, cfg):
-        assert cfg.angle_scope == "all"
-        params = [p for p in model.parameters() if p.requires_grad]
-        gate = ProbingGate(params, {"head": model.head_parameters(), "top-layer": model.top_layer_parameters()},
-                           lam=1.0, threshold=cfg.threshold, scope="all")
-        gates.append(gate)
-        return gate
-
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="acl_bench_agree_"))
     cfg = TrainConfig(task=TASK, model=args.model, objective="acl", angle_scope="all", threshold=90.0, lam=0.1,
                       batch_size=args.batch_size, max_length=args.max_length, seed=args.seed,
                       max_steps=args.agree_steps, eval_every=args.agree_steps + 1, save_checkpoints=False,
                       max_eval_samples=args.eval_samples, output_dir=str(work / "acl-agree"),
                       num_threads=args.threads)
-    original = trainer_mod._make_gate
-    trainer_mod._make_gate = make_gate
     try:
         t0 = time.perf_counter()
-        result = trainer_mod.train(cfg, overwrite=True, progress=False)
+        trainer = Trainer(cfg, overwrite=True, progress=False)
+        model = trainer.model
+        # the public seam: the run's gate replaced by the exact gate that also probes the cheap scopes
+        trainer.gate = gate = ProbingGate([p for p in model.parameters() if p.requires_grad],
+                                          {"head": model.head_parameters(), "top-layer": model.top_layer_parameters()},
+                                          lam=1.0, threshold=cfg.threshold, scope="all")
+        result = trainer.fit()
         wall = time.perf_counter() - t0
     finally:
-        trainer_mod._make_gate = original
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    recs = gates[-1].records
+    recs = gate.records
     # cross-check: the exact cosine recorded by the probe is the one the trainer logged
     hist_angles = [r["angle"] for r in result.history]
     probe_angles = [angle_degrees(r["all"]) for r in recs]

@@ -33,8 +33,8 @@ schedule with 10% warm-up, gradient clipping at 1.0, float32 on CPU, no
 evaluation and no checkpoint saving during training, ``--warm-steps`` +
 ``--steps`` optimizer steps per run (defaults 5 + 30), one thread each.
 
-* acl_lab: the real ``acl_lab.trainer.train()`` with ``eval_every`` > max_steps.
-  ``acl_lab.trainer._train_step`` is wrapped (here, in this process) to record
+* acl_lab: the real ``acl_lab.trainer.Trainer(...).fit()`` with ``eval_every`` > max_steps.
+  An ``on_step`` hook (the trainer's public seam) records
   ``time.perf_counter()`` when each step returns; nothing else changes.
   Model: ``MultiExitClassifier`` (BertModel without pooler + dropout + linear on [CLS]).
 * HF: ``transformers.Trainer`` with its defaults otherwise (``optim`` default,
@@ -91,13 +91,13 @@ if str(REPO) not in sys.path:
 
 from report import Report  # noqa: E402  (bench/report.py, beside this script)
 
-from acl_lab import trainer as trainer_mod  # noqa: E402
 from acl_lab.assets import model_dir  # noqa: E402
 from acl_lab.checkpoint import load_trained  # noqa: E402
 from acl_lab.config import TrainConfig  # noqa: E402
 from acl_lab.data import load_task, make_loader, tokenize  # noqa: E402
 from acl_lab.early_exit import early_exit_predict, full_predict, sweep  # noqa: E402
 from acl_lab.tasks import get_task  # noqa: E402
+from acl_lab.trainer import Trainer, make_optimizer, train  # noqa: E402
 
 TASK = "rt-polarity"
 MODEL = "minilm-l6"
@@ -127,18 +127,9 @@ def run_acl_lab(args, work: Path, tag: str) -> dict:
                       save_checkpoints=False, max_eval_samples=64, output_dir=str(work / f"acl-ce-{tag}"),
                       num_threads=args.threads)
     stamps: list[float] = []
-    original = trainer_mod._train_step
-
-    def timed_step(*a, **kw):
-        row = original(*a, **kw)
-        stamps.append(time.perf_counter())
-        return row
-
-    trainer_mod._train_step = timed_step
-    try:
-        result = trainer_mod.train(cfg, overwrite=True, progress=False)
-    finally:
-        trainer_mod._train_step = original
+    trainer = Trainer(cfg, overwrite=True, progress=False)
+    trainer.on_step.append(lambda _trainer, _row: stamps.append(time.perf_counter()))
+    result = trainer.fit()
     shutil.rmtree(work / f"acl-ce-{tag}", ignore_errors=True)
     w, n = args.warm_steps, args.steps
     steady = stamps[w + n - 1] - stamps[w - 1]
@@ -176,14 +167,14 @@ def run_hf(args, enc_train, tokenizer, work: Path, tag: str) -> dict:
 
 
 def optimizer_micro(args) -> dict:
-    """Time one optimizer step alone: acl_lab's AdamW (``trainer._optimizer``) vs fused AdamW, same parameters."""
+    """Time one optimizer step alone: acl_lab's AdamW (``trainer.make_optimizer``) vs fused AdamW, same parameters."""
     from acl_lab.model import build_model
 
     model, _ = build_model(MODEL, 2)
     cfg = TrainConfig(objective="ce")
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
-    opts = {"acl_lab AdamW": trainer_mod._optimizer(model, cfg),
+    opts = {"acl_lab AdamW": make_optimizer(model, cfg),
             "fused AdamW": torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=True)}
     res = {}
     for name, opt in opts.items():
@@ -266,7 +257,7 @@ def early_exit(args, say: Report, work: Path) -> dict:
                           max_eval_samples=args.ee_select_samples, eval_every=args.ee_eval_every,
                           save_checkpoints=False, output_dir=str(work / objective), num_threads=args.threads)
         t0 = time.perf_counter()
-        result = trainer_mod.train(cfg, overwrite=True, progress=False)
+        result = train(cfg, overwrite=True, progress=False)
         train_wall = time.perf_counter() - t0
         model, tok, _ = load_trained(result.paths["best"], device="cpu")
         data = load_task(TASK, max_train_samples=64, max_eval_samples=args.ee_eval_samples, seed=args.seed)

@@ -56,31 +56,26 @@ def kernel_name() -> str:
 
 @pytest.fixture(scope="session")
 def executed_suite(tmp_path_factory):
-    """Run every notebook in notebooks/ (sorted) with PRESET='smoke' into one OUTPUT_DIR.
+    """Run every notebook in notebooks/ (numbered order) with PRESET='smoke' through the kit's own suite runner.
 
-    Returns {stem: {"output": path of the executed copy, "error": exception or None,
+    Returns {stem: {"output": path of the executed copy, "error": the failed run's error line or None,
     "metrics": OUTPUT_DIR/smoke/metrics/<stem>.json or None, "output_dir": shared OUTPUT_DIR}}.
     A failing notebook does not stop the later ones; its test reports the error.
     """
     import json as _json
 
-    import papermill as pm
+    from acl_lab.lab.batch import run_suite
 
     root = tmp_path_factory.mktemp("suite")
-    out_dir = root / "output"
+    table = run_suite("smoke", output_dir=root, kernel_name=kernel_name(), resume=False, progress=False,
+                      timeout=NOTEBOOK_TIMEOUT)
+    out_dir = root / "artifacts"
     results = {}
-    for nb in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
-        executed = root / nb.name
-        error = None
-        try:
-            pm.execute_notebook(str(nb), str(executed), parameters={"PRESET": "smoke", "OUTPUT_DIR": str(out_dir)},
-                                kernel_name=kernel_name(), execution_timeout=NOTEBOOK_TIMEOUT, cwd=str(NOTEBOOKS),
-                                progress_bar=False)
-        except Exception as exc:  # noqa: BLE001 - reported by the notebook's own test
-            error = exc
-        metrics_file = out_dir / "smoke" / "metrics" / f"{nb.stem}.json"
-        results[nb.stem] = {"output": executed, "error": error, "output_dir": out_dir,
-                            "metrics": _json.loads(metrics_file.read_text()) if metrics_file.exists() else None}
+    for row in table.itertuples():
+        metrics_file = out_dir / "smoke" / "metrics" / f"{row.name}.json"
+        results[row.name] = {"output": root / f"{row.name}.ipynb", "output_dir": out_dir,
+                             "error": row.error if row.status == "failed" else None,
+                             "metrics": _json.loads(metrics_file.read_text()) if metrics_file.exists() else None}
     return results
 
 
@@ -89,6 +84,7 @@ def notebook_result(suite: dict, stem: str) -> dict:
     assert stem in suite, f"notebook {stem}.ipynb not found in notebooks/"
     rec = suite[stem]
     if rec["error"] is not None:
-        pytest.fail(f"{stem}.ipynb failed in the smoke preset:\n{str(rec['error'])[-3000:]}")
+        pytest.fail(f"{stem}.ipynb failed in the smoke preset: {rec['error']} (the executed copy {rec['output']} "
+                    "shows the cell)")
     assert rec["metrics"] is not None, f"{stem}.ipynb wrote no OUTPUT_DIR/metrics/{stem}.json"
     return rec

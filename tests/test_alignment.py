@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from acl_lab.alignment import (alignment_score, angle_long_frame, conflict_summary, phase_of, phase_summary,
-                               pick_run, project_2d)
+from acl_lab.analysis.gradients import angle_long_frame, conflict_summary, phase_of, phase_summary
+from acl_lab.analysis.representations import alignment_score, project_2d
+from acl_lab.analysis.runs import pick_run
 from acl_lab.errors import AclLabError
 
 
@@ -118,7 +119,7 @@ def test_angle_long_frame_needs_probe_columns():
 
 def test_pick_run_prefers_matching_config(tmp_path):
     from acl_lab.config import TrainConfig
-    from acl_lab.trainer import TrainResult
+    from acl_lab.result import TrainResult
 
     base = TrainConfig(task="rt-polarity", model="tiny", max_steps=4)
     runs = [TrainResult(base.replace(objective="acl", lam=0.5), {}, output_dir=tmp_path / "a"),

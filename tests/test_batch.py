@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import kernel_name
 
-from acl_lab import batch
+from acl_lab.lab import batch
 from acl_lab.cli import main
 from acl_lab.errors import AclLabError
 

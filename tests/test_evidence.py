@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from acl_lab.errors import AclLabError
-from acl_lab.evidence import FILES, PARTS, EvidencePlan, build_report, run_evidence
+from acl_lab.lab.evidence import FILES, PARTS, EvidencePlan, build_report, run_evidence
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_tables_match_the_saved_run_metrics_and_runs_are_shared(evidence):
     res = root / "results"
     single = pd.read_csv(res / FILES["single"])
     for row in single.itertuples():
-        saved = [json.loads(p.read_text()) for p in (res / "runs" / "rt-polarity").glob(f"{row.objective}-s{row.seed}-*.json")]
+        saved = [json.loads(p.read_text()) for p in (res / "run_metrics" / "rt-polarity").glob(f"{row.objective}-s{row.seed}-*.json")]
         assert any(m["dev"]["accuracy"] == row.dev_accuracy and m["config"]["lam"] == 0.1 for m in saved)
     # lambda 0.1 of the sensitivity part is the single-exit run itself (same config, same folder): same numbers
     sens = pd.read_csv(res / FILES["sensitivity"])
@@ -71,7 +71,7 @@ def test_report_is_rebuilt_from_files_alone(evidence):
 
 
 def test_single_table_is_mean_and_sd_over_seeds(evidence):
-    from acl_lab.evidence import single_table
+    from acl_lab.lab.evidence import single_table
 
     df = pd.DataFrame({"task": "t", "objective": "ce", "seed": [0, 1, 2], "dev_accuracy": [0.5, 0.7, 0.9],
                        "test_accuracy": [0.6, 0.6, 0.6], "drop_rate": [None] * 3})

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from acl_lab.config import TrainConfig
-from acl_lab.experiments import run_many, run_name
+from acl_lab.analysis.runs import run_name
+from acl_lab.lab.experiments import run_many
 
 
 def test_run_name_depends_on_what_is_computed_only():

@@ -1,4 +1,4 @@
-"""Losses against slow, item-by-item reference loops of PAPER.md's formula (float64)."""
+"""Losses against slow, item-by-item reference loops of the formula of docs/METHOD.md (float64)."""
 from __future__ import annotations
 
 import math
@@ -31,7 +31,7 @@ def _dot(a: list[float], b: list[float]) -> float:
 
 
 def ref_loss(vectors: list[list[float]], labels: list[int], anchors: list[int], tau: float) -> float:
-    """PAPER.md: mean over anchors with P(i) != {} of -1/|P(i)| sum_p log(exp(s_ip) / sum_{a != i} exp(s_ia))."""
+    """docs/METHOD.md: mean over anchors with P(i) != {} of -1/|P(i)| sum_p log(exp(s_ip) / sum_{a != i} exp(s_ia))."""
     z = [_normalise(v) for v in vectors]
     m = len(z)
     total, count = 0.0, 0

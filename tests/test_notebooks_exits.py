@@ -9,23 +9,20 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import nbformat
 import pandas as pd
 import pytest
 
-from acl_lab import exit_plots as X
+from acl_lab.analysis import exits as X
+from acl_lab.analysis import runs as R
+from acl_lab.analysis import sensitivity as S
+from acl_lab.viz import plots as P
 from acl_lab.errors import AclLabError
+from acl_lab.lab import plans
+from acl_lab.viz import widgets as W
 
-from conftest import NOTEBOOKS, notebook_result
+from conftest import notebook_result
 
-MINE = ("04_multi_exit_acl_cl", "05_early_exit", "06_sensitivity", "07_classroom_widgets")
 MULTI_EXIT = ("me-ce", "me-acl", "me-acl-cl")
-EXTRA_PARAMETERS = {
-    "04_multi_exit_acl_cl": ("OBJECTIVES", "LAMBDA", "MU", "EXIT_WEIGHTS", "POOLING"),
-    "05_early_exit": ("MODELS", "POOLING", "CRITERION", "THRESHOLDS", "PATIENCES", "MAX_DROP", "REPEATS"),
-    "06_sensitivity": ("OBJECTIVES", "LAMBDAS", "TEMPERATURES", "NOTEBOOK", "TIMEOUT"),
-    "07_classroom_widgets": ("THRESHOLD", "LAMBDA", "TEMPERATURE", "LIVE_STEPS", "TRAIN_LIVE_NOW"),
-}
 
 
 def _out(rec: dict) -> Path:
@@ -37,29 +34,6 @@ def _png(rec: dict, name: str) -> Path:
     assert path.is_file() and path.stat().st_size > 1000, f"missing or empty figure {path}"
     assert path.read_bytes()[:4] == b"\x89PNG"
     return path
-
-
-# ---------------------------------------------------------------------------
-# the notebooks as committed
-# ---------------------------------------------------------------------------
-
-@pytest.mark.parametrize("stem", MINE)
-def test_notebook_is_committed_clean_with_one_parameters_cell(stem):
-    nb = nbformat.read(str(NOTEBOOKS / f"{stem}.ipynb"), as_version=4)
-    nbformat.validate(nb)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(not c.outputs and c.execution_count is None for c in code), "commit notebooks without outputs"
-    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1
-    for name in ("PRESET", "TASK", "MODEL", "SEEDS", "OUTPUT_DIR"):
-        assert f"\n{name} = " in "\n" + tagged[0].source
-    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
-    # every literal must be one papermill can see (a comment with '=' in it hides a parameter)
-    import papermill as pm
-
-    inferred = set(pm.inspect_notebook(str(NOTEBOOKS / f"{stem}.ipynb")))
-    assert inferred == {"PRESET", "TASK", "MODEL", "SEEDS", "OUTPUT_DIR", *EXTRA_PARAMETERS[stem]}
-    assert f'record_metrics(OUT, "{stem}"' in "".join(c.source for c in code)
 
 
 # ---------------------------------------------------------------------------
@@ -79,6 +53,12 @@ def test_04_multi_exit_records_per_exit_scores(executed_suite):
         assert 0 <= m[f"{objective}.exits_like_constant"] <= k
     assert 0.5 <= m["majority_rate"] <= 1.0
     _png(rec, "04_layer_scores")
+    # the recorded exit scores are the library's layer_scores on the runs the notebook trained
+    runs = R.find_runs(plans.multi("smoke", m["task"], seeds=m["seeds"]), _out(rec))
+    assert len(runs) == len(MULTI_EXIT) * len(m["seeds"])
+    scores = X.layer_scores(R.per_exit_frame(runs, "dev"), metric)
+    for row in scores.itertuples():
+        assert m[f"{row.objective}.exit{row.layer}_{metric}"] == row.mean
 
 
 def test_05_early_exit_records_speedups(executed_suite):
@@ -106,6 +86,14 @@ def test_06_sensitivity_has_both_objectives_at_every_lambda(executed_suite):
         values = [v for key, v in m.items() if key.startswith(f"{objective}.tau") and key.endswith("dev_accuracy")]
         assert len(values) == 2 and all(0.0 <= v <= 1.0 for v in values)
         assert 0.0 <= m[f"{objective}.range_over_lambda"] <= 1.0
+    grid = plans.sensitivity("smoke", "rt-polarity", seeds=m["seeds"], lambdas=m["lambdas"],
+                             temperatures=m["temperatures"])
+    runs = R.find_runs(grid, _out(rec))
+    assert len(runs) == len(grid) == 4  # 2 lambdas x 2 objectives x 1 seed, found by config in the shared cache
+    summary = S.sensitivity_summary(S.sensitivity_frame(R.results_frame(runs), ["ce+scl", "acl"]),
+                                    extra=("temperature",))
+    for row in summary.itertuples():
+        assert m[f"{row.objective}.tau{row.temperature:g}.lam{row.lam:g}.dev_accuracy"] == row.mean
     results = pd.read_csv(_out(rec) / "sensitivity" / "results.csv")
     assert len(results) == 2 and set(results["status"]) <= {"completed", "skipped"}
     _png(rec, "06_sensitivity_lambda")
@@ -119,12 +107,17 @@ def test_07_widgets_record_gate_and_live_numbers(executed_suite):
     assert m["live.trained"] is True and 0.0 <= m["live.dev_accuracy"] <= 1.0 and m["live.steps"] == 4
     assert 0.0 <= m["live.drop_rate"] <= 1.0
     assert m["sensitivity.runs"] > 0  # CE+SCL / ACL runs of notebooks 02 and 06 were found
+    # the explorer's number is drop_fraction over the same saved trace (the pilot runs of notebook 01)
+    pilot = [r for r in R.load_runs(_out(rec)) if r.config.probe_angles]
+    history = R.history_frame(pilot)
+    assert m["gate.source"].startswith("pilot study") and m["gate.batches"] == int(history[m["gate.column"]].notna().sum())
+    assert m["gate.drop_fraction"] == W.drop_fraction(history[m["gate.column"]], m["gate.threshold"])
     _png(rec, "07_gate_drop_curve")
     _png(rec, "07_live_trace")
 
 
 # ---------------------------------------------------------------------------
-# helpers of acl_lab.exit_plots (no notebook needed)
+# helpers of acl_lab.analysis and acl_lab.viz (no notebook needed)
 # ---------------------------------------------------------------------------
 
 @pytest.fixture
@@ -157,7 +150,7 @@ def test_layer_table_and_plot(per_exit):
     t = X.per_exit_table(per_exit)
     assert list(t.columns) == ["layer 1", "layer 2", "layer 3", "layer 4", "seeds"]
     assert t.loc["me-ce", "layer 1"].startswith("0.655")
-    fig = X.plot_layer_scores(per_exit)
+    fig = P.plot_layer_scores(per_exit)
     ax = fig.axes[0]
     assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title() and len(ax.lines) == 2
     with pytest.raises(AclLabError, match="needs"):
@@ -187,24 +180,24 @@ def test_best_speedup_within_one_point():
 
 
 def test_plot_early_exit_has_both_panels():
-    fig = X.plot_early_exit(_sweep_rows())
+    fig = P.plot_early_exit(_sweep_rows())
     a, b = fig.axes
     assert "wall-clock" in a.get_xlabel() and "layer" in b.get_xlabel() and a.get_ylabel()
     assert a.get_title() and b.get_title()
 
 
-def test_sensitivity_frame_from_batch_results():
-    runs = pd.DataFrame({"name": ["a", "b", "c"], "status": ["completed", "skipped", "failed"],
-                         "LAMBDA": [0.1, 1.0, 0.5], "TEMPERATURE": [0.1, 0.1, 0.1], "SEEDS": ["0", "1", "2"],
-                         "acl.dev_accuracy": [0.8, 0.7, None], "ce+scl.dev_accuracy": [0.75, 0.6, None],
-                         "acl.dev_accuracy_sd": [0.0, 0.0, None]})
-    long = X.sensitivity_frame(runs, ["ce+scl", "acl"])
+def test_sensitivity_frame_from_saved_runs():
+    runs = pd.DataFrame({"objective": ["acl", "ce+scl", "acl", "ce+scl", "ce"], "lam": [0.1, 0.1, 1.0, 1.0, 0.1],
+                         "temperature": [0.1] * 5, "seed": [0, 0, 1, 1, 0],
+                         "dev_accuracy": [0.8, 0.75, 0.7, 0.6, 0.9], "run": list("abcde")})
+    long = S.sensitivity_frame(runs, ["ce+scl", "acl"])
     assert len(long) == 4 and set(long["lam"]) == {0.1, 1.0} and set(long["seed"]) == {0, 1}
     assert long.set_index(["objective", "lam"]).loc[("acl", 1.0), "value"] == 0.7
-    s = X.sensitivity_summary(long)
-    spread = X.sensitivity_spread(s)
-    assert spread.loc["ce+scl", "range_over_lambda"] == pytest.approx(0.15)
-    fig = X.plot_sensitivity(long)
+    assert list(dict.fromkeys(long["objective"])) == ["ce+scl", "acl"]  # in the order asked for
+    s = S.sensitivity_summary(long)
+    spread = S.sensitivity_spread(s)
+    assert abs(spread.loc["ce+scl", "range_over_lambda"] - 0.15) < 1e-12
+    fig = P.plot_sensitivity(long)
     assert fig.axes[0].get_xlabel().startswith("lambda") and fig.axes[0].get_ylabel()
-    with pytest.raises(AclLabError, match="acl-embed.dev_accuracy"):
-        X.sensitivity_frame(runs, ["acl-embed"])
+    with pytest.raises(AclLabError, match="dev_f1"):
+        S.sensitivity_frame(runs, ["acl"], metric="f1")

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from acl_lab import objectives
 from acl_lab.config import OBJECTIVES
@@ -157,3 +158,58 @@ def test_probe_every_k_probes_steps_1_plus_multiples_of_k_and_leaves_training_al
 def test_probe_every_must_be_positive(tiny_config):
     with pytest.raises(AclLabError, match="probe_every"):
         tiny_config.replace(probe_every=0).validate()
+
+
+# ---------------------------------------------------------------------------
+# the public seam: Trainer.step / evaluate / save / fit and hooks
+# ---------------------------------------------------------------------------
+
+def test_trainer_seam_step_hooks_and_fit_equal_train(tiny_config, tmp_path):
+    from acl_lab.trainer import Trainer
+
+    cfg = tiny_config.replace(objective="acl", max_steps=4, eval_every=2)
+    seen_steps, seen_evals = [], []
+    trainer = Trainer(cfg.replace(output_dir=str(tmp_path / "seam")), progress=False)
+    trainer.on_step.append(lambda t, row: seen_steps.append((t.state.step, row["step"], row["lam_t"])))
+    trainer.on_eval.append(lambda t, row: seen_evals.append(row["step"]))
+    result = trainer.fit()
+    plain = train(cfg.replace(output_dir=str(tmp_path / "plain")), progress=False)
+    assert [(s, r) for s, r, _ in seen_steps] == [(1, 1), (2, 2), (3, 3), (4, 4)] and seen_evals == [2, 4]
+    assert [r["loss"] for r in result.history] == [r["loss"] for r in plain.history]
+    assert result.metrics["dev"] == plain.metrics["dev"]
+    # lam_t is the lambda actually applied: lam when the gate kept the term, 0 when it dropped it
+    assert [lam_t for _, _, lam_t in seen_steps] == [cfg.lam if r["kept"] else 0.0 for r in result.history]
+
+
+def test_trainer_step_on_own_batches_and_lam_t_without_gate(tiny_config, tmp_path):
+    from acl_lab.data import make_loader
+    from acl_lab.trainer import Trainer
+
+    for objective, lam_t in (("ce", 0.0), ("acl-embed", 0.1)):
+        t = Trainer(tiny_config.replace(objective=objective, output_dir=str(tmp_path / objective)), progress=False)
+        batch = next(iter(make_loader(t.encoded["train"], t.tokenizer, 8, shuffle=False)))
+        before = [p.detach().clone() for p in t.model.parameters()]
+        row = t.step([batch])
+        assert row["step"] == t.state.step == 1 and row["lam_t"] == lam_t and "kept" not in row
+        assert any(not torch.equal(a, p) for a, p in zip(before, t.model.parameters()))  # the weights moved
+        assert set(t.evaluate("dev")[-1]) == {"accuracy"}
+        assert t.save("last") == t.output_dir / "checkpoints" / "last"
+        assert json.loads((t.output_dir / "checkpoints" / "last" / "trainer_state.json").read_text())["step"] == 1
+
+
+def test_grad_accum_kept_is_the_fraction_of_micro_batches_kept(tiny_config):
+    # threshold 85 on this fixture: some steps keep the term on only part of their 3 micro-batches
+    cfg = tiny_config.replace(objective="acl", batch_size=8, grad_accum=3, max_steps=4, threshold=85.0)
+    result = train(cfg, progress=False)
+    kept = [r["kept"] for r in result.history]
+    assert all(abs(3 * k - round(3 * k)) < 1e-12 and 0.0 <= k <= 1.0 for k in kept)
+    assert any(0.0 < k < 1.0 for k in kept), kept  # a fraction, not a bool, under accumulation
+    assert all(abs(r["lam_t"] - cfg.lam * r["kept"]) < 1e-12 for r in result.history)
+    assert abs(result.metrics["gate"]["drop_rate"] - (1.0 - sum(kept) / len(kept))) < 1e-12
+
+
+def test_save_checkpoints_false_keeps_best_and_skips_last(tiny_config, tmp_path):
+    """The documented decision: without save_checkpoints there is no resumable `last`, but `best` (the trained
+    model that test metrics, representations and early exit use) is always written."""
+    res = train(tiny_config.replace(save_checkpoints=False, output_dir=str(tmp_path / "nockpt")), progress=False)
+    assert res.paths["best"].is_dir() and not res.paths["last"].exists()

@@ -8,7 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from acl_lab import widgets as W
+from acl_lab.analysis import runs as R
+from acl_lab.lab import live as L
+from acl_lab.viz import widgets as W
 from acl_lab.errors import AclLabError
 
 
@@ -132,26 +134,26 @@ def test_sensitivity_explorer_needs_the_objectives(results):
 # ---------------------------------------------------------------------------
 
 def test_live_config_rounds_like_the_sliders(tiny_config):
-    cfg = W.live_config(tiny_config, 0.1 + 1e-12, 0.1000001, 89.99, max_steps=3)
+    cfg = L.live_config(tiny_config, 0.1 + 1e-12, 0.1000001, 89.99, max_steps=3)
     assert (cfg.objective, cfg.lam, cfg.temperature, cfg.threshold, cfg.max_steps) == ("acl", 0.1, 0.1, 90.0, 3)
     assert cfg.task == tiny_config.task and cfg.model == tiny_config.model
     with pytest.raises(AclLabError):
-        W.live_config(tiny_config, 0.1, 0.1, 200)
+        L.live_config(tiny_config, 0.1, 0.1, 200)
 
 
 def test_train_live_and_run_summary(tiny_config, tmp_path):
-    res = W.train_live(tiny_config, tmp_path / "live", 0.5, 0.2, 90, max_steps=3)
+    res = L.train_live(tiny_config, tmp_path / "live", 0.5, 0.2, 90, max_steps=3)
     s = W.run_summary(res)
     assert (s["objective"], s["lam"], s["temperature"], s["steps"]) == ("acl", 0.5, 0.2, 3)
     assert 0.0 <= s["dev"] <= 1.0 and 0.0 <= s["drop_rate"] <= 1.0 and 0.0 <= s["median_angle"] <= 180.0
     assert math.isnan(s["test"])  # the toy task has no test split
     assert "dropped" in W.summary_text(s)
-    again = W.train_live(tiny_config, tmp_path / "live", 0.5, 0.2, 90, max_steps=3)  # read back, not retrained
+    again = L.train_live(tiny_config, tmp_path / "live", 0.5, 0.2, 90, max_steps=3)  # read back, not retrained
     assert again.output_dir == res.output_dir and again.metrics == res.metrics
 
 
 def test_live_run_button_trains_and_shows_the_result(tiny_config, tmp_path):
-    box = W.live_run(tiny_config, tmp_path / "live", max_steps=3)
+    box = L.live_run(tiny_config, tmp_path / "live", max_steps=3)
     assert "acl-result" in box.result._dom_classes and box.last is None
     before = box.result.value
     box.lam.value, box.tau.value, box.threshold.value = 0.3, 0.25, 120
@@ -167,15 +169,15 @@ def test_live_run_button_trains_and_shows_the_result(tiny_config, tmp_path):
 
 
 def test_live_run_shows_an_error_instead_of_raising(tiny_config, tmp_path):
-    box = W.live_run(tiny_config.replace(task="no-such-task"), tmp_path / "live", max_steps=2)
+    box = L.live_run(tiny_config.replace(task="no-such-task"), tmp_path / "live", max_steps=2)
     box.button.click()
     assert "error" in box.result.value and not box.button.disabled
 
 
 def test_saved_runs_counts_a_run_made_twice_once(tiny_config, tmp_path):
-    res = W.train_live(tiny_config, tmp_path / "a", 0.1, 0.1, 90, max_steps=2)
+    res = L.train_live(tiny_config, tmp_path / "a", 0.1, 0.1, 90, max_steps=2)
     copy = tmp_path / "a" / "batch" / "artifacts" / "x" / "runs" / res.output_dir.name
     shutil.copytree(res.output_dir, copy)
-    runs = W.saved_runs(tmp_path / "a")
+    runs = R.saved_runs(tmp_path / "a")
     assert len(runs) == 1 and runs[0].output_dir == res.output_dir
-    assert W.saved_runs(tmp_path / "nothing-here") == []
+    assert R.saved_runs(tmp_path / "nothing-here") == []

@@ -2,7 +2,7 @@
 
 Two stages, so that the published figures can be redrawn without training:
 
-* :func:`run_evidence` trains (or reads back, through :func:`acl_lab.experiments.run_many`'s
+* :func:`run_evidence` trains (or reads back, through :func:`acl_lab.lab.experiments.run_many`'s
   run cache) every run the comparisons need, sweeps early exit, and writes small CSV and
   JSON files under ``results_dir`` after *each* part, so an interrupted session keeps the
   parts it finished;
@@ -10,7 +10,8 @@ Two stages, so that the published figures can be redrawn without training:
   ``tables.md``. ``python -m acl_lab evidence --report-only`` runs it alone.
 
 Every objective gets the same data, steps and hyper-parameters (those of ``preset``);
-nothing is tuned, so each objective's tuning budget is one configuration.
+nothing is tuned, so each objective's tuning budget is one configuration. The runs of each
+part are the comparisons of :mod:`acl_lab.lab.plans`, the same configs the notebooks train.
 """
 from __future__ import annotations
 
@@ -23,13 +24,12 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from .config import TrainConfig
-from .errors import AclLabError
-from .presets import preset_config
+from ..analysis.stats import mean_sd_text, pm_text
+from ..config import TrainConfig
+from ..errors import AclLabError
+from . import plans
 
 PARTS = ("pilot", "single", "multi", "early", "sensitivity")
-SINGLE = ("ce", "ce+scl", "acl-embed", "acl")
-MULTI = ("me-ce", "me-acl", "me-acl-cl")
 FILES = {"pilot": "pilot_angles.csv", "single": "single_exit.csv", "multi": "multi_exit.csv",
          "early": "early_exit.csv", "sensitivity": "sensitivity.csv"}
 
@@ -44,7 +44,7 @@ class EvidencePlan:
     lam: float = 0.1
     temperature: float = 0.1
     mu: float = 0.1
-    multi_pooling: str = "mean"  # the offline MiniLM's shallow [CLS] vectors are degenerate (see notebook 04)
+    multi_pooling: str = plans.MULTI_POOLING
     lambdas: list[float] = field(default_factory=lambda: [0.1, 1.0])
     exit_settings: dict[str, list[float]] = field(default_factory=lambda: {"entropy": [0.3, 0.6, 0.8, 0.9],
                                                                          "patience": [1, 2]})
@@ -52,23 +52,19 @@ class EvidencePlan:
     exit_repeats: int = 1
     max_drop: float = 0.01
 
-    def base(self, task: str) -> TrainConfig:
-        """The shared config of every run on ``task`` (the notebooks build theirs the same way)."""
-        return preset_config(self.preset, task=task, model=self.model, lam=self.lam, temperature=self.temperature)
-
     def configs(self, part: str, task: str) -> list[TrainConfig]:
-        """The training runs of one part on one task (``early`` reuses ``multi``'s runs)."""
-        base = self.base(task)
+        """The training runs of one part on one task (``early`` reuses ``multi``'s runs), from :mod:`.plans`."""
+        common = dict(model=self.model, seeds=self.seeds)
         if part == "pilot":
-            return [base.replace(objective="ce", seed=s, probe_angles=True) for s in self.seeds]
+            return plans.pilot(self.preset, task, **common)
         if part == "single":
-            return [base.replace(objective=o, seed=s) for o in SINGLE for s in self.seeds]
+            return plans.single(self.preset, task, lam=self.lam, temperature=self.temperature, **common)
         if part in ("multi", "early"):
-            return [base.replace(objective=o, seed=s, mu=self.mu, pooling=self.multi_pooling)
-                    for o in MULTI for s in self.seeds]
+            return plans.multi(self.preset, task, lam=self.lam, mu=self.mu, pooling=self.multi_pooling,
+                               temperature=self.temperature, **common)
         if part == "sensitivity":
-            return [base.replace(objective=o, seed=s, lam=lam) for lam in self.lambdas for o in ("ce+scl", "acl")
-                    for s in self.seeds]
+            return plans.sensitivity(self.preset, task, lambdas=self.lambdas, temperatures=[self.temperature],
+                                     **common)
         raise AclLabError(f"Unknown evidence part {part!r}; allowed: {', '.join(PARTS)}.")
 
 
@@ -77,8 +73,8 @@ def _machine() -> dict[str, Any]:
 
     import torch
 
+    from ..utils import get_device
     from .notebook import versions
-    from .utils import get_device
 
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": str(get_device("auto")),
@@ -100,9 +96,10 @@ def _save_part(results_dir: Path, part: str, frame: pd.DataFrame) -> Path:
 
 
 def _save_metrics(results_dir: Path, results: Iterable) -> None:
-    """Each run's metrics.json (small) under ``results_dir/runs/<task>/<run folder>.json``."""
+    """Each run's metrics.json (small) under ``results_dir/run_metrics/<task>/<run folder>.json`` (committed:
+    a folder named ``runs/`` is git-ignored as a run cache)."""
     for r in results:
-        dest = results_dir / "runs" / r.config.task / f"{Path(r.output_dir).name}.json"
+        dest = results_dir / "run_metrics" / r.config.task / f"{Path(r.output_dir).name}.json"
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(json.dumps(r.metrics, indent=1) + "\n")
 
@@ -110,9 +107,10 @@ def _save_metrics(results_dir: Path, results: Iterable) -> None:
 def run_part(plan: EvidencePlan, part: str, task: str, runs_home: Path, results_dir: Path,
              progress: bool = True) -> pd.DataFrame:
     """Train (or read back) one part's runs on ``task`` and return its long table (with a ``task`` column)."""
-    from .alignment import angle_long_frame
-    from .exit_plots import sweep_run
-    from .experiments import history_frame, per_exit_frame, results_frame, run_many
+    from ..analysis.gradients import angle_long_frame
+    from ..analysis.runs import history_frame, per_exit_frame, results_frame
+    from ..early_exit import sweep_run
+    from .experiments import run_many
 
     results = run_many(plan.configs(part, task), runs_home, progress=progress)
     _save_metrics(results_dir, results)
@@ -173,25 +171,14 @@ def _read(results_dir: Path, part: str) -> pd.DataFrame | None:
     return pd.read_csv(path) if path.exists() else None
 
 
-def _pm(mean: float, sd: float, digits: int = 3) -> str:
-    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
-
-
-def _over_seeds(values: pd.Series, digits: int = 3) -> str:
-    """``mean ± sd`` of one value per seed (sd 0 with one seed)."""
-    from .exit_plots import _sd
-
-    return _pm(values.mean(), _sd(values), digits)
-
-
 def pilot_tables(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per task and probe: fraction of batches over 90 degrees and median angle (mean ± sd over seeds), overall and
-    per third of training (:func:`acl_lab.alignment.conflict_summary` and ``phase_summary``, formatted)."""
-    from .alignment import conflict_summary, phase_summary
+    per third of training (:func:`acl_lab.analysis.gradients.conflict_summary` and ``phase_summary``, formatted)."""
+    from ..analysis.gradients import conflict_summary, phase_summary
 
     def cells(s: pd.DataFrame) -> dict[str, list[str]]:
-        return {"over 90°": [_pm(m, sd) for m, sd in zip(s["frac_over_90_mean"], s["frac_over_90_sd"])],
-                "median angle (°)": [_pm(m, sd, 1) for m, sd in zip(s["median_angle_mean"], s["median_angle_sd"])]}
+        return {"over 90°": [pm_text(m, sd, 3) for m, sd in zip(s["frac_over_90_mean"], s["frac_over_90_sd"])],
+                "median angle (°)": [pm_text(m, sd, 1) for m, sd in zip(s["median_angle_mean"], s["median_angle_sd"])]}
 
     by = ("task", "probe")
     overall = conflict_summary(df, by)
@@ -206,16 +193,16 @@ def single_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
     for (task, objective), d in df.groupby(["task", "objective"], sort=False):
         row = {"task": task, "objective": objective, "seeds": len(d)}
         for split in ("dev", "test"):
-            row[f"{split} {metric}"] = _over_seeds(d[f"{split}_{metric}"])
+            row[f"{split} {metric}"] = mean_sd_text(d[f"{split}_{metric}"], 3)
         rate = d["drop_rate"].dropna()
-        row["ACL-Grad drop rate"] = _over_seeds(rate) if len(rate) else "-"
+        row["ACL-Grad drop rate"] = mean_sd_text(rate, 3) if len(rate) else "-"
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def multi_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
     """Per task, split and objective: mean over the shallow half of the exits and the final exit."""
-    from .exit_plots import shallow_and_final
+    from ..analysis.exits import shallow_and_final
 
     rows = []
     for (task, split), d in df.groupby(["task", "split"], sort=False):
@@ -223,14 +210,14 @@ def multi_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
         for objective, r in head.iterrows():
             rows.append({"task": task, "split": split, "objective": objective,
                          "shallow layers": ",".join(str(k) for k in r["shallow_layers"]),
-                         f"shallow-half {metric}": _pm(r["shallow_mean"], r["shallow_sd"]),
-                         f"final-exit {metric}": _pm(r["final"], r["final_sd"]), "seeds": r["seeds"]})
+                         f"shallow-half {metric}": pm_text(r["shallow_mean"], r["shallow_sd"], 3),
+                         f"final-exit {metric}": pm_text(r["final"], r["final_sd"], 3), "seeds": r["seeds"]})
     return pd.DataFrame(rows)
 
 
 def early_table(df: pd.DataFrame, metric: str = "accuracy", max_drop: float = 0.01) -> pd.DataFrame:
     """Per task, model and seed: the fastest setting losing at most ``max_drop``, then mean ± sd over seeds."""
-    from .exit_plots import best_speedup
+    from ..analysis.exits import best_speedup
 
     rows = []
     for (task, objective), d in df.groupby(["task", "objective"], sort=False):
@@ -238,9 +225,9 @@ def early_table(df: pd.DataFrame, metric: str = "accuracy", max_drop: float = 0.
                           for seed, s in d.groupby("seed")])
         full = d.groupby("seed")[f"full_{metric}"].first()
         rows.append({"task": task, "objective": objective, "seeds": len(best),
-                     f"full-model {metric}": _over_seeds(full),
-                     f"wall speed-up at <= {max_drop:g} lost": _over_seeds(best["wall_speedup"], 2),
-                     "layer speed-up": _over_seeds(best["layer_speedup"], 2),
+                     f"full-model {metric}": mean_sd_text(full, 3),
+                     f"wall speed-up at <= {max_drop:g} lost": mean_sd_text(best["wall_speedup"], 2),
+                     "layer speed-up": mean_sd_text(best["layer_speedup"], 2),
                      "settings chosen": ", ".join(f"{c} {t:g}" if c != "full model" else c
                                                   for c, t in zip(best["criterion"], best["threshold"])),
                      "max layer speed-up seen": round(float(d["layer_speedup"].max()), 2)})
@@ -254,7 +241,7 @@ def sensitivity_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFram
         means = d.groupby("lam")[f"dev_{metric}"].mean()
         row = {"task": task, "objective": objective}
         for lam, g in d.groupby("lam"):
-            row[f"λ={lam:g}"] = _over_seeds(g[f"dev_{metric}"])
+            row[f"λ={lam:g}"] = mean_sd_text(g[f"dev_{metric}"], 3)
         row["range over λ"] = round(float(means.max() - means.min()), 4)
         row["seeds"] = int(d["seed"].nunique())
         rows.append(row)
@@ -268,10 +255,9 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .batch import markdown_table
-    from .exit_plots import plot_early_exit, plot_layer_scores, plot_sensitivity
+    from ..analysis.tables import markdown_table
+    from ..viz.plots import angle_curves, angle_histogram, plot_early_exit, plot_layer_scores, plot_sensitivity
     from .notebook import save_figure
-    from .plots import angle_curves, angle_histogram
 
     results_dir = Path(results_dir)
     if not any((results_dir / f).exists() for f in FILES.values()):

@@ -7,11 +7,12 @@ internals:
   angles with the threshold line, and the fraction of batches ACL-Grad would drop;
 * :func:`sensitivity_explorer` — pick lambda (and tau) among saved runs and compare the
   dev metric of CE+SCL and ACL;
-* :func:`live_run` — sliders for lambda, tau and the gate threshold and a *Train* button
-  that runs a short ACL training and shows its metrics and angle/decision trace.
+* :func:`acl_lab.lab.live.live_run` — sliders for lambda, tau and the gate threshold and a
+  *Train* button that runs a short ACL training and shows its metrics and angle/decision
+  trace (it trains, so it lives in the lab layer; its display functions are here).
 
 What each widget displays is computed by a pure function (:func:`drop_fraction`,
-:func:`gate_summary`, :func:`sensitivity_at`, :func:`train_live`, :func:`run_summary`),
+:func:`gate_summary`, :func:`sensitivity_at`, :func:`run_summary`),
 so it can be checked without a browser. The key number is shown in an
 ``ipywidgets.HTML`` with the CSS class ``acl-result`` (and a class naming the widget,
 e.g. ``acl-gate-result``); the box keeps references to its controls as attributes
@@ -24,13 +25,16 @@ from __future__ import annotations
 import html
 import io
 import math
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .errors import AclLabError
+from ..analysis.gradients import dropped_share
+from ..analysis.stats import finite, median, sd
+from ..config import CONFLICT_DEGREES
+from ..errors import AclLabError
+from .style import DROPPED_COLOR, KEPT_COLOR, color, conflict_line, label, threshold_line
 
 ANGLE_COLUMNS = ("angle", "angle_acl_embed", "angle_scl")
 ANGLE_LABELS = {"angle": "grad(CE) vs grad(auxiliary term), as gated in training",
@@ -43,12 +47,7 @@ RESULT_CLASS = "acl-result"
 # shared helpers
 # ---------------------------------------------------------------------------
 
-def _finite(values: Iterable) -> np.ndarray:
-    arr = pd.to_numeric(pd.Series(list(values), dtype="object"), errors="coerce").to_numpy(dtype=float)
-    return arr[np.isfinite(arr)]
-
-
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     return buf.getvalue()
@@ -61,7 +60,7 @@ def _figure(width: float = 6.0, height: float = 3.4):
     return fig, fig.add_subplot(111)
 
 
-def _result_html(css: str):
+def result_html(css: str):
     import ipywidgets as widgets
 
     out = widgets.HTML(value="")
@@ -76,22 +75,22 @@ def _result_html(css: str):
 
 def angle_columns(history_df: pd.DataFrame) -> list[str]:
     """The angle columns of a history table that hold at least one finite value, best first."""
-    return [c for c in ANGLE_COLUMNS if c in history_df.columns and len(_finite(history_df[c])) > 0]
+    return [c for c in ANGLE_COLUMNS if c in history_df.columns and len(finite(history_df[c])) > 0]
 
 
 def drop_fraction(angles: Iterable[float], threshold: float) -> float:
     """Fraction of batches ACL-Grad drops at ``threshold`` degrees: angle > threshold (NaN if no angles)."""
-    a = _finite(angles)
+    a = finite(angles)
     return float((a > threshold).mean()) if len(a) else math.nan
 
 
 def gate_summary(angles: Iterable[float], threshold: float) -> dict:
     """What the gate explorer shows: counts, drop fraction and the angle distribution's median."""
-    a = _finite(angles)
+    a = finite(angles)
     dropped = int((a > threshold).sum())
     return {"threshold": float(threshold), "batches": int(len(a)), "dropped": dropped,
             "kept": int(len(a)) - dropped, "drop_fraction": dropped / len(a) if len(a) else math.nan,
-            "median_angle": float(np.median(a)) if len(a) else math.nan}
+            "median_angle": median(a)}
 
 
 def gate_text(summary: dict) -> str:
@@ -105,13 +104,13 @@ def gate_text(summary: dict) -> str:
 
 def angle_histogram(angles: Iterable[float], threshold: float, column: str = "angle", title: str | None = None):
     """Histogram of angles with the threshold line; the dropped part (angle > threshold) is shaded."""
-    a = _finite(angles)
+    a = finite(angles)
     fig, ax = _figure()
     bins = np.arange(0, 181, 5)
-    ax.hist(a[a <= threshold], bins=bins, color="tab:blue", alpha=0.8, label="kept (angle <= threshold)")
-    ax.hist(a[a > threshold], bins=bins, color="tab:red", alpha=0.8, label="dropped (angle > threshold)")
-    ax.axvline(threshold, color="k", ls="--", lw=1.2, label=f"threshold {threshold:.0f}°")
-    ax.axvline(90, color="grey", ls=":", lw=1)
+    ax.hist(a[a <= threshold], bins=bins, color=KEPT_COLOR, alpha=0.8, label="kept (angle <= threshold)")
+    ax.hist(a[a > threshold], bins=bins, color=DROPPED_COLOR, alpha=0.8, label="dropped (angle > threshold)")
+    threshold_line(ax, threshold, horizontal=False, label=f"threshold {threshold:.0f}°", lw=1.2)
+    conflict_line(ax, horizontal=False, color="grey", ls=":")
     ax.set_xlim(0, 180)
     ax.set_xlabel(f"angle (degrees): {ANGLE_LABELS.get(column, column)}")
     ax.set_ylabel("batches")
@@ -120,13 +119,13 @@ def angle_histogram(angles: Iterable[float], threshold: float, column: str = "an
     return fig
 
 
-def gate_explorer(history_df: pd.DataFrame, column: str | None = None, threshold: float = 90.0,
+def gate_explorer(history_df: pd.DataFrame, column: str | None = None, threshold: float = CONFLICT_DEGREES,
                   by: str = "objective"):
     """A threshold slider (0-180 degrees) over a saved angle trace.
 
     ``history_df`` holds per-step rows with ``angle`` (gated runs) and/or
     ``angle_acl_embed`` / ``angle_scl`` (pilot-study probes), e.g. from
-    :func:`acl_lab.experiments.history_frame`. If it has a ``by`` column with several
+    :func:`acl_lab.analysis.runs.history_frame`. If it has a ``by`` column with several
     values, a drop-down restricts the trace to one of them. Returns the ``VBox``;
     its ``slider``, ``column``, ``group``, ``result`` and ``image`` attributes are the controls.
     """
@@ -145,17 +144,17 @@ def gate_explorer(history_df: pd.DataFrame, column: str | None = None, threshold
                                  layout=widgets.Layout(width="420px"))
     col = widgets.Dropdown(options=columns, value=column, description="angle")
     group = widgets.Dropdown(options=groups, value="all", description=by)
-    result = _result_html("acl-gate-result")
+    result = result_html("acl-gate-result")
     image = widgets.Image(format="png")
 
     def angles() -> np.ndarray:
         df = history_df if group.value == "all" else history_df[history_df[by].astype(str) == group.value]
-        return _finite(df[col.value]) if col.value in df else np.array([])
+        return finite(df[col.value]) if col.value in df else np.array([])
 
     def refresh(_=None) -> None:
         a = angles()
         result.value = gate_text(gate_summary(a, slider.value))
-        image.value = _png(angle_histogram(a, slider.value, col.value))
+        image.value = png_bytes(angle_histogram(a, slider.value, col.value))
 
     for w in (slider, col, group):
         w.observe(refresh, names="value")
@@ -180,7 +179,7 @@ def default_metric(results_df: pd.DataFrame) -> str:
         return "dev_accuracy"
     cols = [c for c in results_df.columns if c.startswith("dev_")]
     if not cols:
-        raise AclLabError("The results table has no dev_* metric column. Fix: pass experiments.results_frame(runs).")
+        raise AclLabError("The results table has no dev_* metric column. Fix: pass results_frame(runs).")
     return cols[0]
 
 
@@ -188,7 +187,7 @@ def sensitivity_at(results_df: pd.DataFrame, lam: float, temperature: float | No
                    metric: str = "dev_accuracy", objectives: Sequence[str] = SENSITIVITY_OBJECTIVES) -> pd.DataFrame:
     """Mean, sd and seed count of ``metric`` per objective for runs with this lambda (and tau).
 
-    ``results_df`` is :func:`acl_lab.experiments.results_frame` (columns ``objective``,
+    ``results_df`` is :func:`acl_lab.analysis.runs.results_frame` (columns ``objective``,
     ``lam``, ``temperature``, ``seed`` and the metric). Objectives without a matching
     run get NaN and n = 0.
     """
@@ -199,14 +198,12 @@ def sensitivity_at(results_df: pd.DataFrame, lam: float, temperature: float | No
     for obj in objectives:
         v = df.loc[df["objective"] == obj, metric].astype(float).dropna()
         rows.append({"objective": obj, "mean": float(v.mean()) if len(v) else math.nan,
-                     "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "n": int(len(v))})
+                     "sd": sd(v) if len(v) else 0.0, "n": int(len(v))})
     return pd.DataFrame(rows).set_index("objective")
 
 
 def sensitivity_text(table: pd.DataFrame, lam: float, temperature: float | None, metric: str) -> str:
     """The explorer's HTML line for a :func:`sensitivity_at` table."""
-    from .exit_plots import label
-
     head = f"λ = <b>{lam:g}</b>" + (f", τ = <b>{temperature:g}</b>" if temperature is not None else "")
     parts = [f"{html.escape(label(o))}: <b>{r['mean']:.4f}</b> ± {r['sd']:.4f} (n={int(r['n'])})" if r["n"] else
              f"{html.escape(label(o))}: no run" for o, r in table.iterrows()]
@@ -221,8 +218,6 @@ def sensitivity_text(table: pd.DataFrame, lam: float, temperature: float | None,
 def sensitivity_figure(results_df: pd.DataFrame, lam: float, temperature: float | None, metric: str,
                        objectives: Sequence[str] = SENSITIVITY_OBJECTIVES):
     """Metric against lambda for each objective (mean ± sd over seeds), the selected lambda marked."""
-    from .exit_plots import color, label
-
     df = results_df[results_df["objective"].isin(objectives)]
     if temperature is not None:
         df = df[np.isclose(df["temperature"].astype(float), float(temperature))]
@@ -231,8 +226,8 @@ def sensitivity_figure(results_df: pd.DataFrame, lam: float, temperature: float 
         g = df[df["objective"] == obj].groupby("lam")[metric]
         if not len(g):
             continue
-        mean, sd = g.mean(), g.std(ddof=1).fillna(0.0)
-        ax.errorbar(mean.index, mean.values, yerr=sd.values, marker="o", capsize=4, color=color(obj),
+        mean, spread = g.mean(), g.apply(sd)
+        ax.errorbar(mean.index, mean.values, yerr=spread.values, marker="o", capsize=4, color=color(obj),
                     label=label(obj))
     ax.axvline(lam, color="k", ls="--", lw=1, label=f"selected λ = {lam:g}")
     lams = sorted(df["lam"].unique())
@@ -250,7 +245,7 @@ def sensitivity_explorer(results_df: pd.DataFrame, metric: str | None = None,
                          objectives: Sequence[str] = SENSITIVITY_OBJECTIVES):
     """Pick lambda and tau among saved runs; see the dev metric of CE+SCL against ACL.
 
-    ``results_df`` is :func:`acl_lab.experiments.results_frame` over saved runs. The
+    ``results_df`` is :func:`acl_lab.analysis.runs.results_frame` over saved runs. The
     box's ``lam``, ``tau``, ``result`` and ``image`` attributes are its controls.
     """
     import ipywidgets as widgets
@@ -259,19 +254,19 @@ def sensitivity_explorer(results_df: pd.DataFrame, metric: str | None = None,
     df = results_df[results_df["objective"].isin(objectives)]
     if df.empty:
         raise AclLabError(f"sensitivity_explorer found no runs of {list(objectives)} in the results table. Fix: train "
-                          "them first (notebooks 02 or 06), then pass experiments.results_frame(load_runs(OUT)).")
+                          "them first (notebooks 02 or 06), then pass results_frame(load_runs(OUT)).")
     lams = sorted(float(x) for x in df["lam"].unique())
     taus = sorted(float(x) for x in df["temperature"].unique())
     lam = widgets.SelectionSlider(options=[(f"{x:g}", x) for x in lams], value=lams[0], description="lambda",
                                   continuous_update=True)
     tau = widgets.Dropdown(options=[(f"{x:g}", x) for x in taus], value=taus[0], description="tau")
-    result = _result_html("acl-sensitivity-result")
+    result = result_html("acl-sensitivity-result")
     image = widgets.Image(format="png")
 
     def refresh(_=None) -> None:
         table = sensitivity_at(df, lam.value, tau.value, metric, objectives)
         result.value = sensitivity_text(table, lam.value, tau.value, metric)
-        image.value = _png(sensitivity_figure(df, lam.value, tau.value, metric, objectives))
+        image.value = png_bytes(sensitivity_figure(df, lam.value, tau.value, metric, objectives))
 
     lam.observe(refresh, names="value")
     tau.observe(refresh, names="value")
@@ -283,43 +278,23 @@ def sensitivity_explorer(results_df: pd.DataFrame, metric: str | None = None,
 
 
 # ---------------------------------------------------------------------------
-# (c) live small run
+# (c) a live run's summary and trace (the Train widget itself is acl_lab.lab.live.live_run)
 # ---------------------------------------------------------------------------
-
-def live_config(base_config, lam: float, temperature: float, threshold: float, objective: str = "acl",
-                max_steps: int | None = None):
-    """The config of a live run: ``base_config`` (a preset's size) with the sliders' values on top."""
-    # rounded like the sliders show them, so the same settings map to the same (reusable) run
-    changes = {"objective": objective, "lam": float(f"{float(lam):.3g}"), "temperature": round(float(temperature), 3),
-               "threshold": round(float(threshold), 1)}
-    if max_steps is not None:
-        changes["max_steps"] = int(max_steps)
-    return base_config.replace(**changes).validate()
-
 
 def run_summary(result) -> dict:
     """What the live run shows: dev metric, ACL-Grad drop rate, median angle, steps and seconds."""
-    from .tasks import get_task
+    from ..tasks import get_task
 
     m = result.metrics
     main = get_task(result.config.task).main_metric
     angles = [r["angle"] for r in result.history if r.get("angle") is not None]
-    kept = [bool(r["kept"]) for r in result.history if "kept" in r]
+    kept = pd.Series([r["kept"] for r in result.history if "kept" in r], dtype=float)
     return {"objective": result.config.objective, "lam": result.config.lam, "temperature": result.config.temperature,
             "threshold": result.config.threshold, "metric": main, "dev": float(m["dev"][main]),
             "test": float(m["test"][main]) if "test" in m else math.nan,
-            "drop_rate": 1.0 - sum(kept) / len(kept) if kept else math.nan,
-            "median_angle": float(np.median(_finite(angles))) if len(_finite(angles)) else math.nan,
+            "drop_rate": float(dropped_share(kept).mean()) if len(kept) else math.nan,
+            "median_angle": median(angles),
             "steps": int(m["steps"]), "train_seconds": float(m["train_seconds"]), "run": str(result.output_dir)}
-
-
-def train_live(base_config, root: str | Path, lam: float, temperature: float, threshold: float,
-               objective: str = "acl", max_steps: int | None = None, progress: bool = False):
-    """Train (or reuse, if these exact settings ran before) a live run under ``root/runs``; return the result."""
-    from .experiments import run_many
-
-    cfg = live_config(base_config, lam, temperature, threshold, objective, max_steps)
-    return run_many([cfg], root, progress=progress)[0]
 
 
 def summary_text(s: dict) -> str:
@@ -339,12 +314,12 @@ def trace_figure(result):
     h = pd.DataFrame(result.history)
     fig, ax = _figure(6.0, 3.2)
     if "angle" in h and h["angle"].notna().any():
-        kept = h["kept"].astype(bool) if "kept" in h else pd.Series(True, index=h.index)
+        kept = dropped_share(h["kept"]) == 0 if "kept" in h else pd.Series(True, index=h.index)
         ax.plot(h["step"], h["angle"], color="grey", lw=0.8)
-        ax.scatter(h.loc[kept, "step"], h.loc[kept, "angle"], color="tab:blue", s=18, label="kept", zorder=3)
-        ax.scatter(h.loc[~kept, "step"], h.loc[~kept, "angle"], color="tab:red", marker="x", s=24,
+        ax.scatter(h.loc[kept, "step"], h.loc[kept, "angle"], color=KEPT_COLOR, s=18, label="kept", zorder=3)
+        ax.scatter(h.loc[~kept, "step"], h.loc[~kept, "angle"], color=DROPPED_COLOR, marker="x", s=24,
                    label="dropped", zorder=3)
-    ax.axhline(result.config.threshold, color="k", ls="--", lw=1, label=f"threshold {result.config.threshold:.0f}°")
+    threshold_line(ax, result.config.threshold, label=f"threshold {result.config.threshold:.0f}°")
     ax.set_ylim(0, 180)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step")
@@ -352,73 +327,3 @@ def trace_figure(result):
     ax.set_title(f"Live run ({result.config.model}, {result.config.objective}): the ACL-Grad decision per batch")
     ax.legend(fontsize=7, loc="upper right")
     return fig
-
-
-def live_run(base_config, root: str | Path, lam: float | None = None, temperature: float | None = None,
-             threshold: float | None = None, max_steps: int | None = None):
-    """Sliders for lambda, tau and the threshold, and a *Train* button running a short ACL training.
-
-    The run has ``base_config``'s size (a preset: smoke = the tiny model for a few steps),
-    optionally capped at ``max_steps``; settings that ran before are read back, not
-    retrained. The box's ``lam``, ``tau``, ``threshold``, ``button``, ``result`` and
-    ``image`` attributes are its controls; ``box.last`` holds the last summary dict.
-    """
-    import ipywidgets as widgets
-
-    style = {"description_width": "initial"}
-    lam_w = widgets.FloatLogSlider(value=lam if lam is not None else base_config.lam, base=10, min=-3, max=1, step=0.1,
-                                   description="lambda", readout_format=".3g", style=style)
-    tau_w = widgets.FloatSlider(value=temperature if temperature is not None else base_config.temperature, min=0.02,
-                                max=1.0, step=0.01, description="tau", readout_format=".2f", style=style)
-    thr_w = widgets.FloatSlider(value=threshold if threshold is not None else base_config.threshold, min=0.0,
-                                max=180.0, step=1.0, description="threshold (°)", readout_format=".0f", style=style)
-    button = widgets.Button(description="Train", button_style="primary", icon="play")
-    button.add_class("acl-train-button")
-    steps = max_steps or base_config.max_steps
-    info = widgets.HTML(value=f"<i>{base_config.model}, {steps or 'all'} steps, batch {base_config.batch_size}; "
-                              f"runs go to {html.escape(str(Path(root) / 'runs'))}</i>")
-    result = _result_html("acl-live-result")
-    result.value = "press <b>Train</b>"
-    image = widgets.Image(format="png")
-    box = widgets.VBox([widgets.HBox([lam_w, tau_w, thr_w]), widgets.HBox([button, info]), result, image])
-
-    def on_click(_=None) -> None:
-        button.disabled = True
-        result.value = (f"training λ={lam_w.value:.3g}, τ={tau_w.value:.2f}, threshold={thr_w.value:.0f}° ...")
-        try:
-            res = train_live(base_config, root, lam_w.value, tau_w.value, thr_w.value, max_steps=max_steps)
-            box.last = run_summary(res)
-            result.value = summary_text(box.last)
-            image.value = _png(trace_figure(res))
-        except AclLabError as exc:
-            result.value = f"<b>error</b>: {html.escape(str(exc))}"
-        finally:
-            button.disabled = False
-
-    button.on_click(on_click)
-    box.lam, box.tau, box.threshold, box.button, box.result, box.image = lam_w, tau_w, thr_w, button, result, image
-    box.last = None
-    box.add_class("acl-live-run")
-    return box
-
-
-# ---------------------------------------------------------------------------
-# saved runs for the explorers
-# ---------------------------------------------------------------------------
-
-def saved_runs(root: str | Path) -> list:
-    """Every finished run in any ``runs`` folder under ``root`` (``root/runs`` and e.g. a batch's artifacts).
-
-    A run folder's name is its objective, seed and a hash of its config
-    (:func:`acl_lab.experiments.run_name`), so two folders of the same name hold the same
-    run made twice (e.g. by notebook 02 and by a batch of it); it is counted once.
-    """
-    from .trainer import load_result
-
-    root = Path(root)
-    folders = sorted((p.parent for p in root.rglob("runs/*/metrics.json") if p.parent.parent.name == "runs"),
-                     key=lambda f: (len(f.parts), str(f)))
-    unique = {}
-    for folder in folders:
-        unique.setdefault(folder.name, folder)
-    return [load_result(f) for f in unique.values()]

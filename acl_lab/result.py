@@ -1,0 +1,58 @@
+"""What a finished run leaves on disk, and how to read it back: :class:`TrainResult` and :func:`load_result`.
+
+The trainer writes a run folder; everything that reads results (the analysis layer,
+the plots, the notebooks) reads it through this module, so nothing that only reads
+needs to import the trainer. A run folder holds::
+
+    config.json  history.jsonl  metrics.json  representations.safetensors  checkpoints/best/  checkpoints/last/
+
+A run is *finished* when ``metrics.json`` exists (it is written last, whole).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import TrainConfig
+from .errors import AclLabError
+
+RUN_FILES = ("config.json", "history.jsonl", "metrics.json", "representations.safetensors", "checkpoints")
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: final metrics, the per-step history and where things were written."""
+
+    config: TrainConfig
+    metrics: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    output_dir: Path = Path(".")
+
+    @property
+    def paths(self) -> dict[str, Path]:
+        out = self.output_dir
+        return {"metrics": out / "metrics.json", "history": out / "history.jsonl", "best": out / "checkpoints" / "best",
+                "last": out / "checkpoints" / "last", "representations": out / "representations.safetensors"}
+
+
+def is_finished(output_dir: str | Path) -> bool:
+    """The one run-folder check: a run is finished when its ``metrics.json`` exists."""
+    return (Path(output_dir) / "metrics.json").is_file()
+
+
+def load_result(output_dir: str | Path) -> TrainResult:
+    """Read a finished run back from its output directory (metrics, history, config)."""
+    out = Path(output_dir)
+    if not is_finished(out):
+        raise AclLabError(f"{str(out)!r} holds no finished run (no metrics.json). Fix: train it first, or resume it "
+                          "with resume=True (--resume).")
+    metrics = json.loads((out / "metrics.json").read_text())
+    steps, evals = [], []
+    if (out / "history.jsonl").exists():
+        for line in (out / "history.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            (evals if row.get("event") == "eval" else steps).append(row)
+    return TrainResult(TrainConfig.from_dict(metrics["config"]), metrics, steps, evals, out)
