@@ -206,3 +206,23 @@ def test_grad_accum_kept_is_the_fraction_of_micro_batches_kept(tiny_config):
     assert any(0.0 < k < 1.0 for k in kept), kept  # a fraction, not a bool, under accumulation
     assert all(abs(r["lam_t"] - cfg.lam * r["kept"]) < 1e-12 for r in result.history)
     assert abs(result.metrics["gate"]["drop_rate"] - (1.0 - sum(kept) / len(kept))) < 1e-12
+
+
+def test_ce_probe_reusing_the_update_g_ce_measures_the_recomputed_angles(tiny_config):
+    """Objective ce: the probe takes g_CE from the update; its cosines equal a from-scratch gradient_cosines."""
+    import copy
+
+    from acl_lab.grad import gradient_cosines
+    from acl_lab.objectives import classification_loss, probe_losses
+    from acl_lab.trainer import Trainer
+
+    t = Trainer(tiny_config.replace(objective="ce", probe_angles=True), progress=False)
+    group, _ = next(t.batches())
+    ref = copy.deepcopy(t.model).train()
+    out = ref(**group[0])
+    ce = classification_loss(out.logits[-1], group[0]["labels"], regression=False)
+    probes = probe_losses(ref, out, group[0]["labels"], t.cfg)
+    expected = gradient_cosines(ce, list(probes.values()), [p for p in ref.parameters() if p.requires_grad])
+    row = t.step(group)
+    assert abs(row["cos_scl"] - expected[0]) < 1e-6 and abs(row["cos_acl_embed"] - expected[1]) < 1e-6
+    assert row["lam_t"] == 0.0
