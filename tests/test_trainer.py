@@ -268,3 +268,23 @@ def test_length_grouped_run_resumes_to_the_same_steps(tiny_config, tmp_path):
     resumed = train(cut, resume=True, progress=False)
     assert [(r["step"], r["loss"]) for r in resumed.history] == [(r["step"], r["loss"]) for r in full.history]
     assert resumed.metrics["dev"] == full.metrics["dev"]
+
+
+def test_ce_probe_reusing_the_update_g_ce_measures_the_recomputed_angles(tiny_config):
+    """Objective ce: the probe takes g_CE from the update; its cosines equal a from-scratch gradient_cosines."""
+    import copy
+
+    from acl_lab.grad import gradient_cosines
+    from acl_lab.objectives import classification_loss, probe_losses
+    from acl_lab.trainer import Trainer
+
+    t = Trainer(tiny_config.replace(objective="ce", probe_angles=True), progress=False)
+    group, _ = next(t.batches())
+    ref = copy.deepcopy(t.model).train()
+    out = ref(**group[0])
+    ce = classification_loss(out.logits[-1], group[0]["labels"], regression=False)
+    probes = probe_losses(ref, out, group[0]["labels"], t.cfg)
+    expected = gradient_cosines(ce, list(probes.values()), [p for p in ref.parameters() if p.requires_grad])
+    row = t.step(group)
+    assert abs(row["cos_scl"] - expected[0]) < 1e-6 and abs(row["cos_acl_embed"] - expected[1]) < 1e-6
+    assert row["lam_t"] == 0.0
