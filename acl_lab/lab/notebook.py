@@ -15,8 +15,8 @@ from typing import Any
 
 from ..errors import AclLabError
 
-PACKAGES = ("acl_lab", "torch", "transformers", "datasets", "numpy", "scikit-learn", "matplotlib", "umap-learn",
-            "ipywidgets", "papermill")
+PACKAGES = ("acl_lab", "torch", "transformers", "accelerate", "datasets", "numpy", "scikit-learn", "matplotlib",
+            "umap-learn", "ipywidgets", "papermill")
 
 
 def versions() -> dict[str, str]:
