@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import AclLabError, bad_value
+from .losses import ANCHORS  # the anchor sets the contrastive loss knows
 
 SINGLE_EXIT_OBJECTIVES = ("ce", "ce+scl", "acl-embed", "acl")
 MULTI_EXIT_OBJECTIVES = ("me-ce", "me-acl", "me-acl-cl")
@@ -20,7 +21,6 @@ OBJECTIVES = SINGLE_EXIT_OBJECTIVES + MULTI_EXIT_OBJECTIVES
 CONTRASTIVE_OBJECTIVES = ("ce+scl", "acl-embed", "acl", "me-acl", "me-acl-cl")
 EXIT_WEIGHTS = ("uniform", "ascending", "descending")
 ANGLE_SCOPES = ("all", "top-layer", "head", "repr", "screened")
-ANCHORS = ("all", "samples")
 AMP = ("auto", "off", "bf16", "fp16")
 DIST_BACKENDS = ("auto", "gloo", "nccl")  # torch.distributed backends under torchrun ("auto": gloo on CPU, nccl on CUDA)
 POOLINGS = ("cls", "mean")  # exit representation: first token (the paper) or the mean over real tokens
