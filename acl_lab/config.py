@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from .errors import AclLabError, bad_value
+from .losses import ANCHORS  # the anchor sets the contrastive loss knows
 
 SINGLE_EXIT_OBJECTIVES = ("ce", "ce+scl", "acl-embed", "acl")
 MULTI_EXIT_OBJECTIVES = ("me-ce", "me-acl", "me-acl-cl")
 OBJECTIVES = SINGLE_EXIT_OBJECTIVES + MULTI_EXIT_OBJECTIVES
 CONTRASTIVE_OBJECTIVES = ("ce+scl", "acl-embed", "acl", "me-acl", "me-acl-cl")
 EXIT_WEIGHTS = ("uniform", "ascending", "descending")
-ANGLE_SCOPES = ("all", "top-layer", "head", "repr")
-ANCHORS = ("all", "samples")
+ANGLE_SCOPES = ("all", "top-layer", "head", "repr", "screened")
 AMP = ("auto", "off", "bf16", "fp16")
 DIST_BACKENDS = ("auto", "gloo", "nccl")  # torch.distributed backends under torchrun ("auto": gloo on CPU, nccl on CUDA)
 POOLINGS = ("cls", "mean")  # exit representation: first token (the paper) or the mean over real tokens
@@ -39,7 +39,10 @@ class TrainConfig:
     ``None`` means "on for ``acl``, off otherwise". ``angle_scope`` is ``all`` (exact,
     the paper's definition) or a cheaper approximation: ``top-layer`` (last encoder
     layer plus classifier heads), ``head`` (classifier heads only) or ``repr`` (the
-    gradient with respect to the exits' [CLS] representations).
+    gradient with respect to the exits' [CLS] representations). ``screened`` is exact
+    where it matters: it decides from the ``repr`` angle when that is far from the
+    threshold (outside a margin calibrated online, :class:`acl_lab.grad.ScreenRule`) and
+    computes the exact angle otherwise.
     """
 
     task: str = "rt-polarity"
@@ -53,6 +56,7 @@ class TrainConfig:
     max_length: int = 64
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
+    group_by_length: bool = False  # batches of similar length (HF's LengthGroupedSampler): less padding per step
     # optimisation
     batch_size: int = 32
     lr: float = 5e-5

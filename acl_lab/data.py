@@ -319,13 +319,21 @@ def tokenize(dataset_dict: datasets.DatasetDict, tokenizer: PreTrainedTokenizerB
 
 
 def make_loader(encoded_split: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, batch_size: int,
-                shuffle: bool, seed: int = 0) -> DataLoader:
+                shuffle: bool, seed: int = 0, group_by_length: bool = False) -> DataLoader:
     """A ``DataLoader`` over a :func:`tokenize`-d split with dynamic padding.
 
     Each batch is a dict of tensors (``input_ids``, ``attention_mask``,
     ``token_type_ids`` when present, ``labels``) padded to the longest example
     in that batch. Shuffling uses a ``torch.Generator`` seeded with ``seed``,
     so the batch order is reproducible.
+
+    ``group_by_length`` (with ``shuffle``) draws the order with Hugging Face's
+    ``LengthGroupedSampler`` (what ``Trainer`` uses for ``group_by_length``): a
+    seeded random permutation cut into mega-batches of up to 50 batches, each
+    sorted by length, so a batch holds examples of similar length and pads
+    less. The order is still a function of ``seed`` alone, so a run resumed
+    part-way through an epoch (the trainer rebuilds the loader and skips the
+    batches already seen) sees the same batches.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise bad_value("batch_size", batch_size, "a positive integer (e.g. 32)",
@@ -336,5 +344,16 @@ def make_loader(encoded_split: datasets.Dataset, tokenizer: PreTrainedTokenizerB
             f"{encoded_split.column_names}. Fix: run data.tokenize(dataset_dict, tokenizer, max_length) first."
         )
     generator = torch.Generator().manual_seed(seed) if shuffle else None
-    return DataLoader(encoded_split, batch_size=batch_size, shuffle=shuffle, generator=generator,
-                      collate_fn=DataCollatorWithPadding(tokenizer))
+    collate = DataCollatorWithPadding(tokenizer)
+    if group_by_length:
+        if not shuffle:
+            raise bad_value("group_by_length", True, "True only with shuffle=True (a training loader)",
+                            "drop group_by_length for evaluation loaders, which keep the split's order.")
+        from transformers.trainer_pt_utils import LengthGroupedSampler
+
+        lengths = [len(ids) for ids in encoded_split["input_ids"]]
+        sampler = LengthGroupedSampler(batch_size, lengths=lengths, generator=generator)
+        # the loader draws its worker base seed from its own generator, never from the global RNG (resume)
+        return DataLoader(encoded_split, batch_size=batch_size, sampler=sampler, collate_fn=collate,
+                          generator=torch.Generator().manual_seed(seed))
+    return DataLoader(encoded_split, batch_size=batch_size, shuffle=shuffle, generator=generator, collate_fn=collate)

@@ -12,8 +12,15 @@ scopes ``"params"`` (a subset of parameters, e.g. the classifier heads or the
 top layers) and ``"repr"`` (the gradient with respect to intermediate tensors,
 e.g. the [CLS] representations at the exits) are this kit's own
 approximations: they decide with a cheaper cosine, and their agreement with
-the full scope has to be measured, not assumed. This module knows only
-tensors and parameters.
+the full scope has to be measured, not assumed.
+
+``scope="screened"`` is exact where it matters and cheap elsewhere: it
+measures the ``repr`` cosine first and decides from it only when the cheap
+angle is far from the threshold, by more than a safety margin calibrated
+online from the steps where both angles were computed (:class:`ScreenRule`);
+otherwise it computes the exact ``all`` angle and decides from that. Every
+decision records which path decided. This module knows only tensors and
+parameters.
 
 Several processes (DDP): pass ``reduce``, a function that averages a tensor
 over the processes in place (:func:`acl_lab.distributed.all_reduce_mean`).
@@ -29,15 +36,18 @@ all-reduce it again (with DDP: run the step under ``no_sync()``).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
 
 import torch
 from torch import Tensor
 
 from acl_lab.errors import bad_value
 
-SCOPES = ("all", "params", "repr")
+SCOPES = ("all", "params", "repr", "screened")
+PATHS = ("exact", "cheap")
 COS_EPS = 1e-12
 
 Scale = float | Callable[[Tensor], Tensor]
@@ -163,7 +173,17 @@ def angle_degrees(cos: float) -> float:
 
 @dataclass
 class GateRecord:
-    """One ACL-Grad decision: cosine, angle (degrees), whether the aux term was kept, lam, lam_t, scope."""
+    """One ACL-Grad decision: cosine, angle (degrees), whether the aux term was kept, lam, lam_t, scope.
+
+    ``cos``/``angle`` are those the decision was taken from (``kept`` is
+    ``angle <= threshold``, or NaN): ``path`` says which, ``"exact"`` (the
+    angle over all parameters) or ``"cheap"`` (an approximate scope; for the
+    screened scope the cheap estimate of the exact angle, ``cheap_angle`` plus
+    the rule's offset, clamped to [0, 180]). For ``scope="screened"`` the record also holds ``cheap_angle`` (the
+    ``repr`` angle, always measured), ``exact_angle`` (NaN where the exact
+    angle was not computed) and ``margin`` (the safety margin in degrees in
+    force for this decision; ``inf`` during the always-exact warm-up).
+    """
 
     cos: float
     angle: float
@@ -171,9 +191,130 @@ class GateRecord:
     lam: float
     lam_t: float
     scope: str
+    path: str = "exact"
+    cheap_angle: float = math.nan
+    exact_angle: float = math.nan
+    margin: float = math.nan
 
     def to_dict(self) -> dict[str, float | bool | str]:
         return asdict(self)
+
+    def log_fields(self) -> dict[str, float | bool]:
+        """The numeric fields a training log keeps per step (``history.jsonl``).
+
+        ``cos``, ``angle``, ``kept`` always; for the screened scope also
+        ``exact_path`` (True when the exact angle decided), ``cheap_angle``,
+        ``exact_angle`` and ``margin``. All are numbers or booleans, so rows of
+        accumulated micro-batches can be averaged.
+        """
+        row: dict[str, float | bool] = {"cos": self.cos, "angle": self.angle, "kept": bool(self.kept)}
+        if self.scope == "screened":
+            row.update(exact_path=self.path == "exact", cheap_angle=self.cheap_angle,
+                       exact_angle=self.exact_angle, margin=self.margin)
+        return row
+
+
+@dataclass
+class ScreenRule:
+    """The calibration rule of ``scope="screened"``: when may the cheap angle decide?
+
+    From the steps where both angles were measured it keeps the pairs
+    (cheap angle a_c, exact angle a_x), in degrees, and their residuals
+    r = a_x - a_c. Then, for a new step with cheap angle a_c:
+
+    * **warm-up**: while fewer than ``warmup`` pairs are known, always take the
+      exact path (the margin is infinite);
+    * **estimate**: a_x is estimated as a_c + ``offset``, where ``offset`` is
+      the median residual when ``debias`` is on (the cheap angle has a
+      systematic bias: on MiniLM the ``repr`` angle runs several degrees below
+      the exact one), else 0;
+    * **margin** = max(``floor``, Q_q(|r - offset|) + ``slack``), where
+      Q_q is the ``quantile``-th quantile of the absolute centred residuals
+      over all pairs so far (or the last ``window``), numpy's conservative
+      ``method="higher"``: the observed value at index ceil(q (n - 1)) of the
+      sorted residuals, never an interpolation below it (with few pairs a
+      high q is the largest residual seen);
+    * **decide**: if |a_c + offset - threshold| > margin the cheap estimate
+      decides (keep iff a_c + offset <= threshold); otherwise, or if the cheap
+      cosine is not finite, compute the exact angle, decide from it and add the
+      pair.
+
+    The rule is conservative by construction: a cheap decision is only wrong
+    when the residual of that step is larger than a high quantile of all the
+    residuals seen, plus slack, and in the direction that crosses the threshold.
+    Pairs are only observed on exact-path steps, i.e. near the threshold, which
+    is where the residuals matter. The defaults (warm-up 20, quantile 0.95,
+    slack 2 degrees, floor 5 degrees) come from ``bench/bench_objectives.py``'s
+    cost-agreement curve on MiniLM (README, "Benchmarks").
+    """
+
+    warmup: int = 20
+    quantile: float = 0.95
+    slack: float = 2.0
+    floor: float = 5.0
+    debias: bool = True
+    window: int | None = None
+    pairs: list[tuple[float, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 1:
+            raise bad_value("warmup", self.warmup, "an integer >= 1 (pairs measured before any cheap decision)",
+                            "use e.g. warmup=20")
+        if not (math.isfinite(self.quantile) and 0.0 < self.quantile <= 1.0):
+            raise bad_value("quantile", self.quantile, "a number in (0, 1]", "use e.g. quantile=0.95")
+        for name in ("slack", "floor"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise bad_value(name, value, "a number of degrees >= 0", f"use e.g. {name}=2")
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
+                                        or self.window < self.warmup):
+            raise bad_value("window", self.window, f"None (all pairs) or an integer >= warmup ({self.warmup})",
+                            "leave window=None")
+
+    def _residuals(self) -> np.ndarray:
+        pairs = self.pairs if self.window is None else self.pairs[-self.window:]
+        return np.array([x - c for c, x in pairs], dtype=float)
+
+    def offset(self) -> float:
+        """The median residual (exact - cheap) when ``debias`` is on and the warm-up is over, else 0."""
+        if not self.debias or len(self.pairs) < self.warmup:
+            return 0.0
+        return float(np.median(self._residuals()))
+
+    def margin(self) -> float:
+        """The safety margin in degrees now: ``inf`` during warm-up, else max(floor, Q_q(|r - offset|) + slack)."""
+        if len(self.pairs) < self.warmup:
+            return math.inf
+        spread = np.abs(self._residuals() - self.offset())
+        return max(self.floor, float(np.quantile(spread, self.quantile, method="higher")) + self.slack)
+
+    def cheap_decision(self, cheap_angle: float, threshold: float) -> bool | None:
+        """``True``/``False`` (keep/drop) when the cheap angle may decide, ``None`` when the exact path is needed."""
+        if not math.isfinite(cheap_angle):
+            return None
+        estimate = cheap_angle + self.offset()
+        if abs(estimate - threshold) > self.margin():
+            return estimate <= threshold
+        return None
+
+    def observe(self, cheap_angle: float, exact_angle: float) -> None:
+        """Add a pair measured on the same batch (ignored unless both angles are finite)."""
+        if math.isfinite(cheap_angle) and math.isfinite(exact_angle):
+            self.pairs.append((float(cheap_angle), float(exact_angle)))
+
+    def restore(self, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Rebuild the pairs from logged rows (``history.jsonl`` steps with ``exact_path``); returns how many.
+
+        For resuming a run: the rule is a function of the pairs only, and every
+        exact-path step logs both angles. With gradient accumulation a logged
+        row averages its micro-batches, so there the rebuilt pairs are
+        approximate (exact for ``grad_accum=1``).
+        """
+        self.pairs.clear()
+        for row in rows:
+            if row.get("exact_path"):
+                self.observe(float(row.get("cheap_angle", math.nan)), float(row.get("exact_angle", math.nan)))
+        return len(self.pairs)
 
 
 def _unique_trainable(params: Iterable[Tensor]) -> list[Tensor]:
@@ -205,19 +346,25 @@ class ACLGrad:
     - ``"repr"``: over the gradients with respect to intermediate tensors passed
       per call as ``scope_tensors`` (e.g. the [CLS] representations at the
       exits). An approximation of "all".
+    - ``"screened"``: the ``"repr"`` cosine first; it decides when its angle is
+      outside the safety margin of ``screen`` (a :class:`ScreenRule`, calibrated
+      online), else the exact ``"all"`` angle decides. The record says which.
 
     Args:
         params: the trainable parameters (those with ``requires_grad=False``
             are ignored, repeats are dropped).
         lam: weight lambda >= 0 of the auxiliary loss.
         threshold: angle threshold in degrees, in [0, 180] (default 90).
-        scope: "all", "params" or "repr".
+        scope: "all", "params", "repr" or "screened".
         scope_params: the parameter subset for ``scope="params"`` (required
             there, not allowed otherwise).
         reduce: for several processes, a function averaging a tensor over
             them in place (:func:`acl_lab.distributed.all_reduce_mean`); the
             decision is then global and ``.grad`` receives the global gradient
             (see the module docstring). None (the default) in one process.
+        screen: the calibration rule of ``scope="screened"`` (default
+            ``ScreenRule()``; not allowed with other scopes). It keeps its
+            pairs, so one gate object carries its calibration across steps.
     """
 
     def __init__(
@@ -228,6 +375,7 @@ class ACLGrad:
         scope: str = "all",
         scope_params: Iterable[Tensor] | None = None,
         reduce: Reduce | None = None,
+        screen: ScreenRule | None = None,
     ) -> None:
         self.params = _unique_trainable(params)
         if not self.params:
@@ -249,6 +397,15 @@ class ACLGrad:
         self.threshold = float(threshold)
         self.scope = scope
         self.reduce = reduce
+        if screen is not None and scope != "screened":
+            raise bad_value("screen", "given", "None unless scope='screened'",
+                            f"drop screen or use scope='screened' (scope is {scope!r})")
+        self.screen = (screen or ScreenRule()) if scope == "screened" else None
+
+    def restore(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """On resume: rebuild the screened calibration from the logged step rows (a no-op for other scopes)."""
+        if self.screen is not None:
+            self.screen.restore(rows)
 
     def backward(
         self,
@@ -270,14 +427,14 @@ class ACLGrad:
         gradient scaler skips an overflowed step anyway, and an aux loss
         without a graph contributes nothing.
 
-        ``scope_tensors`` (required for, and only used by, ``scope="repr"``):
-        the intermediate tensors of this batch to measure the angle on; they
-        must be part of both graphs.
+        ``scope_tensors`` (required for, and only used by, ``scope="repr"`` and
+        ``"screened"``): the intermediate tensors of this batch to measure the
+        angle on; they must be part of both graphs.
         """
-        if self.scope == "repr":
+        if self.scope in ("repr", "screened"):
             if not scope_tensors:
                 raise bad_value("scope_tensors", scope_tensors, "a non-empty list of tensors in the graph",
-                                "pass e.g. the [CLS] representations at the exits with scope='repr'")
+                                f"pass e.g. the [CLS] representations at the exits with scope={self.scope!r}")
             if not all(t.requires_grad for t in scope_tensors):
                 raise bad_value("scope_tensors", "a tensor without grad", "tensors that require grad",
                                 "pass the representations before any .detach()")
@@ -285,12 +442,13 @@ class ACLGrad:
         aux = _apply_scale(aux_loss, scale)
         if not aux.requires_grad:
             self._backward_reduced(ce)
-            return self._record(math.nan)
+            return self._record(math.nan, "exact" if self.scope in ("all", "screened") else "cheap")
+        if self.scope == "screened":
+            return self._backward_screened(ce, aux, list(scope_tensors))
         if self.scope == "all":
-            cos = self._backward_all(ce, aux)
-        else:
-            cos = self._backward_cheap(ce, aux, self.scope_params if self.scope == "params" else list(scope_tensors))
-        return self._record(cos)
+            return self._record(self._backward_all(ce, aux), "exact")
+        cos = self._backward_cheap(ce, aux, self.scope_params if self.scope == "params" else list(scope_tensors))
+        return self._record(cos, "cheap")
 
     def _keep(self, cos: float) -> bool:
         """Keep the aux term when the angle <= threshold, or when the cosine is not finite (NaN)."""
@@ -299,9 +457,29 @@ class ACLGrad:
     def _lam_t(self, cos: float) -> float:
         return self.lam if self._keep(cos) else 0.0
 
-    def _record(self, cos: float) -> GateRecord:
+    def _record(self, cos: float, path: str, **screened: float) -> GateRecord:
         return GateRecord(cos=cos, angle=angle_degrees(cos), kept=self._keep(cos), lam=self.lam,
-                          lam_t=self._lam_t(cos), scope=self.scope)
+                          lam_t=self._lam_t(cos), scope=self.scope, path=path, **screened)
+
+    def _backward_screened(self, ce: Tensor, aux: Tensor, reps: Sequence[Tensor]) -> GateRecord:
+        """The ``repr`` cosine first; it decides outside the margin, else the exact path (and calibrates).
+
+        With ``reduce`` the cheap cosine reduces its partial sums like ``"repr"`` and the exact path
+        averages the two gradient sets like ``"all"``, so every process takes the same path and decision.
+        """
+        cheap_cos = _cosine(_grads(ce, reps, True), _grads(aux, reps, True), self.reduce)
+        cheap_angle = angle_degrees(cheap_cos)
+        margin = self.screen.margin()
+        keep = self.screen.cheap_decision(cheap_angle, self.threshold)
+        if keep is not None:
+            lam_t = self.lam if keep else 0.0
+            self._backward_reduced(ce + lam_t * aux if lam_t != 0.0 else ce)
+            estimate = min(180.0, max(0.0, cheap_angle + self.screen.offset()))
+            return GateRecord(cos=math.cos(math.radians(estimate)), angle=estimate, kept=keep, lam=self.lam,
+                              lam_t=lam_t, scope=self.scope, path="cheap", cheap_angle=cheap_angle, margin=margin)
+        cos = self._backward_all(ce, aux)
+        self.screen.observe(cheap_angle, angle_degrees(cos))
+        return self._record(cos, "exact", cheap_angle=cheap_angle, exact_angle=angle_degrees(cos), margin=margin)
 
     def _backward_all(self, ce: Tensor, aux: Tensor) -> float:
         """Full scope with at most one extra gradient copy and no graph held afterwards.

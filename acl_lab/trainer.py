@@ -169,7 +169,7 @@ def make_gate(model: MultiExitClassifier, cfg: TrainConfig, reduce: Reduce | Non
     ``lam_t = cfg.lam * multiplier``. ``reduce`` (several processes) makes the decision global.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.angle_scope in ("all", "repr"):
+    if cfg.angle_scope in ("all", "repr", "screened"):
         return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope=cfg.angle_scope, reduce=reduce)
     scope_params = model.head_parameters() if cfg.angle_scope == "head" else model.top_layer_parameters()
     return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope="params", scope_params=scope_params,
@@ -423,7 +423,7 @@ class Trainer:
             row.update(_probe_row(probes, gradient_cosines(lp.ce, list(probes.values()), params, reduce)))
         if self.gate is not None and lp.aux is not None:
             rec = self.gate.backward(lp.ce, lp.aux, scale=scale_fn, scope_tensors=out.reps)
-            row.update(cos=rec.cos, angle=rec.angle, kept=bool(rec.kept), lam_t=cfg.lam * rec.lam_t)
+            row.update(rec.log_fields(), lam_t=cfg.lam * rec.lam_t)
             return row, self.gate.reduce is None
         scale_fn(lp.total).backward()
         row["lam_t"] = 0.0 if lp.aux is None else cfg.lam
@@ -484,7 +484,7 @@ class Trainer:
         cfg, state = self.cfg, self.state
         while True:
             loader = make_loader(self.encoded["train"], self.tokenizer, cfg.batch_size, shuffle=True,
-                                 seed=cfg.seed * 1000 + state.epoch)
+                                 seed=cfg.seed * 1000 + state.epoch, group_by_length=cfg.group_by_length)
             it = iter(loader)
             for _ in range(state.micro_in_epoch):
                 next(it)
@@ -506,6 +506,8 @@ class Trainer:
         if dist.is_main():
             cfg.to_json(out / "config.json")
         history = _History(out / "history.jsonl", keep_until=state.step)
+        if self.gate is not None:
+            self.gate.restore(history.steps)  # a resumed screened gate rebuilds its calibration from the log
         eval_every = cfg.eval_every or self.steps_per_epoch
         bar = _progress(self.total_steps, state.step, enabled=self.progress, desc=f"{cfg.objective} {cfg.task}")
         t_start = time.perf_counter() - state.train_seconds

@@ -6,6 +6,9 @@ Commands (from the repository root)::
                                                           # 47 min with load average 6-10)
     .venv/bin/python bench/bench_objectives.py --quick    # sanity run (about 3 min)
     .venv/bin/python bench/bench_objectives.py --reanalyse  # recompute the agreement table from the saved JSON
+    # part 3 alone, the screened exact gate (23 min with load average 10-14 on 2 cores):
+    .venv/bin/python bench/bench_objectives.py --skip-timing --skip-agreement \
+        --json bench/results/objectives_screened.json
 
 Writes ``--json`` (default ``bench/results/objectives.json``) and the printed
 report as ``--txt`` (default: the JSON path with ``.txt``).
@@ -45,6 +48,11 @@ keeps the term, so agreement is close to trivial) and at the median exact
 angle (where the exact decision splits the steps about 50/50, so agreement
 is informative); decisions at thresholds other than 90 are counterfactual on the
 same trajectory.
+
+Part 3, the screened exact gate (``angle_scope="screened"``): its cost against CE
+per path, the batched-VJP alternative, the fraction of steps that need the exact
+path and the agreement with the exact decision on a real run, and the
+cost-agreement curve over the margin settings. Method: ``bench/bench_screened.py``.
 """
 from __future__ import annotations
 
@@ -65,6 +73,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import bench_screened  # noqa: E402  (bench/bench_screened.py, beside this script)
 from report import Report  # noqa: E402  (bench/report.py, beside this script)
 
 from acl_lab.config import TrainConfig  # noqa: E402
@@ -339,6 +348,10 @@ def main(argv=None) -> int:
     p.add_argument("--work-dir", default=None, help="where the agreement run writes (default: a temp folder, removed after)")
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--skip-agreement", action="store_true")
+    p.add_argument("--skip-screened", action="store_true")
+    p.add_argument("--screen-steps", type=int, default=None, help="[3] screened fine-tuning steps (default 60; quick 6)")
+    p.add_argument("--screen-batches", type=int, default=None, help="[3] fixed timing batches (default 3; quick 1)")
+    p.add_argument("--screen-rounds", type=int, default=None, help="[3] timing rounds (default 2; quick 1)")
     p.add_argument("--reanalyse", action="store_true",
                    help="recompute the agreement figures from the angles saved in --json and rewrite the report (no runs)")
     args = p.parse_args(argv)
@@ -347,6 +360,9 @@ def main(argv=None) -> int:
     args.rounds = args.rounds or (2 if q else 4)
     args.warmup = args.warmup if args.warmup is not None else (1 if q else 3)
     args.agree_steps = args.agree_steps or (8 if q else 100)
+    args.screen_steps = args.screen_steps or (6 if q else 60)
+    args.screen_batches = args.screen_batches or (1 if q else 3)
+    args.screen_rounds = args.screen_rounds or (1 if q else 2)
     torch.set_num_threads(args.threads)
     json_path = Path(args.json)
     txt_path = Path(args.txt) if args.txt else json_path.with_suffix(".txt")
@@ -362,7 +378,7 @@ def main(argv=None) -> int:
         if "header" not in old and txt_path.is_file():
             old["header"] = txt_path.read_text().splitlines()[0]
         header = old.get("header", "bench_objectives")
-        out.update({k: old[k] for k in ("timing", "agreement", "torch", "threads") if k in old})
+        out.update({k: old[k] for k in ("timing", "agreement", "screened", "torch", "threads") if k in old})
         out["args"] = old.get("args", out["args"])
         if "agreement" in out:
             agr = out["agreement"]
@@ -391,6 +407,10 @@ def main(argv=None) -> int:
         print_agreement(out["agreement"], a["eval_samples"], say)
     if "timing" in out and "agreement" in out:
         print_targets(out, say)
+    if not (args.skip_screened or args.reanalyse):
+        out["screened"] = bench_screened.run(args, say)
+        say(f"load avg at the end={Path('/proc/loadavg').read_text().split()[0]} (the machine is shared with other "
+            "jobs: absolute times are inflated, the ratios are measured interleaved)")
 
     say.save(out, json_path, txt_path)
     return 0

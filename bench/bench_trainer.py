@@ -4,6 +4,9 @@ Commands (from the repository root)::
 
     .venv/bin/python bench/bench_trainer.py            # full run (about 35 min on an idle 2-core machine)
     .venv/bin/python bench/bench_trainer.py --quick    # sanity run (about 5 min)
+    # throughput only, with and without length-grouped batches on both sides (issue 14):
+    .venv/bin/python bench/bench_trainer.py --skip-early-exit --grouped --repeats 1 --warm-steps 3 --steps 20 \
+        --json bench/results/trainer_grouped.json
 
 On a loaded machine run the two parts as two processes, e.g. (what produced
 bench/results/trainer*.json, with load average 5-10 on 2 cores; the two JSONs
@@ -37,8 +40,8 @@ evaluation and no checkpoint saving during training, ``--warm-steps`` +
   An ``on_step`` hook (the trainer's public seam) records
   ``time.perf_counter()`` when each step returns; nothing else changes.
   Model: ``MultiExitClassifier`` (BertModel without pooler + dropout + linear on [CLS]).
-* HF: ``transformers.Trainer`` with its defaults otherwise (``optim`` default,
-  which is fused AdamW for torch >= 2.8; ``dataloader_num_workers=0`` as acl_lab),
+* HF: ``transformers.Trainer`` with its defaults otherwise (``optim="adamw_torch_fused"``,
+  the default for torch >= 2.8, set explicitly; ``dataloader_num_workers=0`` as acl_lab),
   on ``BertForSequenceClassification`` (pooler + dropout + linear), eval and save
   strategies "no", logging "no", ``report_to="none"``. A ``TrainerCallback``
   records ``time.perf_counter()`` at ``on_step_end``.
@@ -52,7 +55,18 @@ the W warm-up steps, and acl_lab's final evaluation / representation dump
 after training. Runs go in the order acl_lab, HF, HF, acl_lab, ... (ABBA, so a
 linear drift in machine load cancels; ``--repeats`` runs per side, default 2); the
 report gives the median samples/s of each side and the ratio acl_lab / HF
-(target >= 1.0). Each run's whole-run figure (acl_lab ``train_seconds``, HF
+(target >= 1.0). With ``--grouped`` both sides also run with length-grouped
+batches on equal settings -- acl_lab ``TrainConfig(group_by_length=True)``
+(``acl_lab.data.make_loader``, HF's ``LengthGroupedSampler`` seeded by the run's
+seed), HF ``train_sampling_strategy="group_by_length"`` (the same sampler, on the
+global RNG) -- in the order acl_lab, HF, HF grouped, acl_lab grouped (reversed
+on the next repeat); the report adds the grouped ratio acl_lab / HF, each side's
+speed-up from grouping and the mean padded length of the timed steps (from the
+batches each side's collator produced). Besides wall-clock, every run records the process CPU time
+(``time.process_time``) over the same steps, and the report gives samples per
+CPU-second too: with one torch thread on a machine loaded by other jobs, CPU time
+is inflated far less than wall-clock by the load (runs are sequential, minutes
+apart, so their wall-clock ratios carry the load's drift). Each run's whole-run figure (acl_lab ``train_seconds``, HF
 ``train_runtime``) is kept in the JSON for reference. A micro-benchmark of
 the optimizer step alone (acl_lab's AdamW vs fused AdamW on the same
 parameters) is printed too, to explain a gap if there is one.
@@ -119,34 +133,62 @@ def _load_avg() -> str:
 # (a) throughput
 # ---------------------------------------------------------------------------
 
-def run_acl_lab(args, work: Path, tag: str) -> dict:
+def _padded(stamps_len: list[int], w: int, n: int) -> float:
+    """Mean padded length of the timed steps W+1..W+N."""
+    return statistics.fmean(stamps_len[w:w + n])
+
+
+def run_acl_lab(args, work: Path, tag: str, grouped: bool = False) -> dict:
     total = args.warm_steps + args.steps
     cfg = TrainConfig(task=TASK, model=MODEL, objective="ce", seed=args.seed, batch_size=BATCH, max_length=MAX_LEN,
+                      group_by_length=grouped,
                       lr=LR, weight_decay=WD, warmup_ratio=WARMUP, max_grad_norm=CLIP,
                       max_train_samples=args.train_samples, max_steps=total, eval_every=total + 1,
                       save_checkpoints=False, max_eval_samples=64, output_dir=str(work / f"acl-ce-{tag}"),
                       num_threads=args.threads)
     stamps: list[float] = []
+    cpu: list[float] = []
+    lengths: list[int] = []
     trainer = Trainer(cfg, overwrite=True, progress=False)
-    trainer.on_step.append(lambda _trainer, _row: stamps.append(time.perf_counter()))
+    inner = trainer.step  # the public step, timed from outside
+
+    def timed_step(group):
+        row = inner(group)
+        stamps.append(time.perf_counter())
+        cpu.append(time.process_time())
+        lengths.append(int(group[0]["input_ids"].shape[1]))
+        return row
+
+    trainer.step = timed_step
     result = trainer.fit()
     shutil.rmtree(work / f"acl-ce-{tag}", ignore_errors=True)
     w, n = args.warm_steps, args.steps
     steady = stamps[w + n - 1] - stamps[w - 1]
-    return {"side": "acl_lab", "steady_seconds": steady, "samples_per_s": n * BATCH / steady,
-            "whole_run_seconds": result.metrics["train_seconds"], "steps": len(stamps)}
+    steady_cpu = cpu[w + n - 1] - cpu[w - 1]
+    return {"side": "acl_lab grouped" if grouped else "acl_lab", "steady_seconds": steady,
+            "samples_per_s": n * BATCH / steady, "cpu_seconds": steady_cpu, "samples_per_cpu_s": n * BATCH / steady_cpu, "whole_run_seconds": result.metrics["train_seconds"],
+            "steps": len(stamps), "mean_padded_length": _padded(lengths, w, n)}
 
 
-def run_hf(args, enc_train, tokenizer, work: Path, tag: str) -> dict:
+def run_hf(args, enc_train, tokenizer, work: Path, tag: str, grouped: bool = False) -> dict:
     from transformers import (BertForSequenceClassification, DataCollatorWithPadding, Trainer, TrainerCallback,
                               TrainingArguments)
 
     total = args.warm_steps + args.steps
     stamps: list[float] = []
+    cpu: list[float] = []
+    lengths: list[int] = []
+
+    class Collator(DataCollatorWithPadding):
+        def __call__(self, features):
+            batch = super().__call__(features)
+            lengths.append(int(batch["input_ids"].shape[1]))
+            return batch
 
     class Stamp(TrainerCallback):
         def on_step_end(self, targs, state, control, **kw):
             stamps.append(time.perf_counter())
+            cpu.append(time.process_time())
 
     torch.manual_seed(args.seed)
     model = BertForSequenceClassification.from_pretrained(str(model_dir()), num_labels=2)
@@ -155,15 +197,20 @@ def run_hf(args, enc_train, tokenizer, work: Path, tag: str) -> dict:
         learning_rate=LR, weight_decay=WD, warmup_steps=WARMUP, lr_scheduler_type="linear", max_grad_norm=CLIP,
         eval_strategy="no", save_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
         use_cpu=True, dataloader_num_workers=0, dataloader_pin_memory=False, seed=args.seed,
+        train_sampling_strategy="group_by_length" if grouped else "random", optim="adamw_torch_fused",
     )
     trainer = Trainer(model=model, args=targs, train_dataset=enc_train, processing_class=tokenizer,
-                      data_collator=DataCollatorWithPadding(tokenizer), callbacks=[Stamp()])
+                      data_collator=Collator(tokenizer), callbacks=[Stamp()])
     out = trainer.train()
     shutil.rmtree(work / f"hf-{tag}", ignore_errors=True)
     w, n = args.warm_steps, args.steps
     steady = stamps[w + n - 1] - stamps[w - 1]
-    return {"side": "hf", "steady_seconds": steady, "samples_per_s": n * BATCH / steady,
-            "whole_run_seconds": out.metrics.get("train_runtime"), "steps": len(stamps), "optim": str(targs.optim)}
+    # the collator runs once per batch fetched; HF fetches batch k before step k, so lengths[k] is step k+1's
+    steady_cpu = cpu[w + n - 1] - cpu[w - 1]
+    return {"side": "hf grouped" if grouped else "hf", "steady_seconds": steady, "samples_per_s": n * BATCH / steady,
+            "cpu_seconds": steady_cpu, "samples_per_cpu_s": n * BATCH / steady_cpu,
+            "whole_run_seconds": out.metrics.get("train_runtime"), "steps": len(stamps), "optim": str(targs.optim),
+            "mean_padded_length": _padded(lengths, w, n)}
 
 
 def optimizer_micro(args) -> dict:
@@ -199,22 +246,39 @@ def throughput(args, say: Report, work: Path) -> dict:
     data = load_task(TASK, max_train_samples=args.train_samples, seed=args.seed, max_eval_samples=64)
     enc = tokenize(data, tok, MAX_LEN)
     runs = []
+    sides = ("acl_lab", "hf", "hf grouped", "acl_lab grouped") if args.grouped else ("acl_lab", "hf")
     for r in range(args.repeats):
-        for side in (("acl_lab", "hf") if r % 2 == 0 else ("hf", "acl_lab")):  # ABBA order: linear drift cancels
+        for side in (sides if r % 2 == 0 else sides[::-1]):  # ABBA order: linear drift cancels
             load = _load_avg()
-            res = run_acl_lab(args, work, str(r)) if side == "acl_lab" else run_hf(args, enc["train"], tok, work, str(r))
+            grouped = side.endswith("grouped")
+            res = (run_acl_lab(args, work, str(r), grouped) if side.startswith("acl_lab")
+                   else run_hf(args, enc["train"], tok, work, str(r), grouped))
             res["repeat"], res["load_avg_before"] = r, load
             runs.append(res)
-            say(f"  repeat {r + 1}/{args.repeats} {side:<8} {res['samples_per_s']:7.1f} samples/s "
-                f"({args.steps} steps in {res['steady_seconds']:.1f}s; whole run {res['whole_run_seconds']:.1f}s; "
-                f"load avg before {load})")
-    acl = [r["samples_per_s"] for r in runs if r["side"] == "acl_lab"]
-    hf = [r["samples_per_s"] for r in runs if r["side"] == "hf"]
-    paired = [a / h for a, h in zip(acl, hf)]
+            say(f"  repeat {r + 1}/{args.repeats} {side:<16} {res['samples_per_s']:7.1f} samples/s, "
+                f"{res['samples_per_cpu_s']:5.1f} per CPU-s ({args.steps} steps in {res['steady_seconds']:.1f}s, "
+                f"{res['cpu_seconds']:.1f} CPU-s; mean padded length "
+                f"{res['mean_padded_length']:.1f}; whole run {res['whole_run_seconds']:.1f}s; load avg before {load})")
+    per_side = {side: [r["samples_per_s"] for r in runs if r["side"] == side] for side in sides}
+    med = {side: statistics.median(v) for side, v in per_side.items()}
+    per_cpu = {side: statistics.median(r["samples_per_cpu_s"] for r in runs if r["side"] == side) for side in sides}
+    paired = [a / h for a, h in zip(per_side["acl_lab"], per_side["hf"])]
     opt = optimizer_micro(args)
-    return {"runs": runs, "acl_lab_samples_per_s": statistics.median(acl), "hf_samples_per_s": statistics.median(hf),
-            "ratio": statistics.median(acl) / statistics.median(hf), "paired_ratios": paired,
-            "optimizer_step_ms": opt, "hf_optim": next(r["optim"] for r in runs if r["side"] == "hf")}
+    out = {"runs": runs, "acl_lab_samples_per_s": med["acl_lab"], "hf_samples_per_s": med["hf"],
+           "ratio": med["acl_lab"] / med["hf"], "paired_ratios": paired,
+           "samples_per_cpu_s": per_cpu, "cpu_ratio": per_cpu["acl_lab"] / per_cpu["hf"],
+           "optimizer_step_ms": opt, "hf_optim": next(r["optim"] for r in runs if r["side"] == "hf")}
+    if args.grouped:
+        out.update(grouped_samples_per_s={s: med[s] for s in ("acl_lab grouped", "hf grouped")},
+                   grouped_ratio=med["acl_lab grouped"] / med["hf grouped"],
+                   grouping_speedup={"acl_lab": med["acl_lab grouped"] / med["acl_lab"],
+                                     "hf": med["hf grouped"] / med["hf"]},
+                   grouped_cpu_ratio=per_cpu["acl_lab grouped"] / per_cpu["hf grouped"],
+                   grouping_cpu_speedup={"acl_lab": per_cpu["acl_lab grouped"] / per_cpu["acl_lab"],
+                                         "hf": per_cpu["hf grouped"] / per_cpu["hf"]},
+                   mean_padded_length={s: statistics.fmean(r["mean_padded_length"] for r in runs if r["side"] == s)
+                                       for s in sides})
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -325,6 +389,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None, help="(a) timed steps per run (default 30; quick 4)")
     p.add_argument("--repeats", type=int, default=None, help="(a) runs per side, order ABBA... (default 2; quick 1)")
     p.add_argument("--opt-reps", type=int, default=None, help="(a) optimizer micro-benchmark steps (default 20)")
+    p.add_argument("--grouped", action="store_true",
+                   help="(a) also time both sides with length-grouped batches (acl_lab group_by_length=True, HF "
+                        "train_sampling_strategy='group_by_length'); order acl_lab, hf, hf grouped, acl_lab grouped")
     p.add_argument("--ee-steps", type=int, default=None, help="(b) training steps per model (default 300; quick 20)")
     p.add_argument("--ee-train-samples", type=int, default=None, help="(b) train subset (default 2000; quick 320)")
     p.add_argument("--ee-eval-samples", type=int, default=None, help="(b) dev subset swept (default: all; quick 256)")
@@ -381,6 +448,23 @@ def main(argv=None) -> int:
         say(f"  ratio acl_lab / HF = {ratio:.3f} (paired per repeat: "
             + ", ".join(f"{x:.3f}" for x in tp["paired_ratios"]) + f") -> target >= 1.0 "
             f"{'MET' if ratio >= 1.0 else 'NOT MET'}")
+        c = tp["samples_per_cpu_s"]
+        say(f"  per CPU-second (process CPU time; steadier than wall-clock on a loaded machine): acl_lab "
+            f"{c['acl_lab']:.1f}, HF {c['hf']:.1f}, ratio {tp['cpu_ratio']:.3f} -> target >= 1.0 "
+            f"{'MET' if tp['cpu_ratio'] >= 1.0 else 'NOT MET'}")
+        if args.grouped:
+            g = tp["grouped_samples_per_s"]
+            say(f"  {'acl_lab grouped':<16} {g['acl_lab grouped']:>13.1f}")
+            say(f"  {'HF grouped':<16} {g['hf grouped']:>13.1f}")
+            gr = tp["grouped_ratio"]
+            say(f"  length-grouped, equal settings: ratio acl_lab / HF = {gr:.3f} -> target >= 1.0 "
+                f"{'MET' if gr >= 1.0 else 'NOT MET'}; grouping speed-up acl_lab {tp['grouping_speedup']['acl_lab']:.2f}x,"
+                f" HF {tp['grouping_speedup']['hf']:.2f}x; mean padded length of the timed steps: "
+                + ", ".join(f"{s} {v:.1f}" for s, v in tp["mean_padded_length"].items()))
+            gc = tp["grouping_cpu_speedup"]
+            say(f"  per CPU-second: grouped ratio acl_lab / HF = {tp['grouped_cpu_ratio']:.3f} -> target >= 1.0 "
+                f"{'MET' if tp['grouped_cpu_ratio'] >= 1.0 else 'NOT MET'}; grouping speed-up acl_lab "
+                f"{gc['acl_lab']:.2f}x, HF {gc['hf']:.2f}x")
         o = tp["optimizer_step_ms"]
         say(f"  optimizer step alone (median of {args.opt_reps}): acl_lab AdamW {o['acl_lab AdamW']:.1f} ms "
             f"(flags {o['acl_lab_flags']}), fused AdamW {o['fused AdamW']:.1f} ms; HF optim = {tp['hf_optim']}")

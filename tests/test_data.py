@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -355,3 +356,26 @@ def test_bad_lengths_and_batch_sizes(tokenizer):
         make_loader(enc, tokenizer, batch_size=0, shuffle=False)
     with pytest.raises(AclLabError, match="tokenize"):
         make_loader(_pair_dd()["train"], tokenizer, batch_size=2, shuffle=False)
+
+
+def test_length_grouped_loader_is_seeded_complete_and_pads_less(tokenizer):
+    rng = np.random.default_rng(0)
+    texts = [" ".join(["word"] * int(n)) + f" {i}" for i, n in enumerate(rng.integers(1, 40, size=200))]
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text_a": texts, "label": [i % 2 for i in range(200)]})})
+    enc = tokenize(dd, tokenizer, max_length=64)["train"]
+
+    def batches(seed: int, grouped: bool) -> list[dict]:
+        torch.manual_seed(seed + 99)  # the global RNG must not matter, only ``seed``
+        return list(make_loader(enc, tokenizer, 8, shuffle=True, seed=seed, group_by_length=grouped))
+
+    def order(bs: list[dict]) -> list[list[int]]:
+        return [b["attention_mask"].sum(1).tolist() for b in bs]
+
+    grouped = batches(3, True)
+    assert order(grouped) == order(batches(3, True)) != order(batches(4, True))
+    seen = sorted(tokenizer.decode(ids[mask.bool()]) for b in grouped for ids, mask in zip(b["input_ids"], b["attention_mask"]))
+    assert seen == sorted(tokenizer.decode(ids) for ids in enc["input_ids"])  # every example once
+    padding = lambda bs: sum(b["attention_mask"].numel() - b["attention_mask"].sum().item() for b in bs)
+    assert padding(grouped) < 0.5 * padding(batches(3, False))
+    with pytest.raises(AclLabError, match="group_by_length"):
+        make_loader(enc, tokenizer, 8, shuffle=False, group_by_length=True)

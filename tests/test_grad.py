@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from acl_lab.errors import AclLabError
-from acl_lab.grad import ACLGrad, GateRecord, angle_degrees, gradient_cosine
+from acl_lab.grad import ACLGrad, GateRecord, ScreenRule, angle_degrees, gradient_cosine
 from acl_lab.losses import acl_embed_loss
 
 LAM = 0.7
@@ -208,7 +208,10 @@ def test_non_finite_cosine_keeps_lambda() -> None:
 
 def test_gate_record_to_dict() -> None:
     record = GateRecord(cos=0.5, angle=60.0, kept=True, lam=0.1, lam_t=0.1, scope="all")
-    assert record.to_dict() == {"cos": 0.5, "angle": 60.0, "kept": True, "lam": 0.1, "lam_t": 0.1, "scope": "all"}
+    got = record.to_dict()
+    assert {k: got.pop(k) for k in ("cheap_angle", "exact_angle", "margin")} == pytest.approx(
+        {"cheap_angle": math.nan, "exact_angle": math.nan, "margin": math.nan}, nan_ok=True)
+    assert got == {"cos": 0.5, "angle": 60.0, "kept": True, "lam": 0.1, "lam_t": 0.1, "scope": "all", "path": "exact"}
 
 
 # ---------------------------------------------------------------- bad arguments
@@ -253,3 +256,136 @@ def test_gradient_cosines_equal_pairwise_cosines():
     want = [gradient_cosine(ref, o, [w]) for o in others]
     assert got == want
     assert got[2] < -0.999999
+
+
+# ---------------------------------------------------------------- the screened scope
+def screened_run(rule, threshold: float, aux_kind: str = "contrastive"):
+    """A screened gate with ``rule`` on a fresh toy: (record, grads) plus the repr and exact reference cosines."""
+    cos_repr, _, _ = hand_reference(aux_kind, "repr")
+    cos_all, _, _ = hand_reference(aux_kind, "all")
+    toy = make_toy()
+    params = toy.params()
+    gate = ACLGrad(params, lam=LAM, threshold=threshold, scope="screened", screen=rule)
+    ce, aux, h = forward(toy, aux_kind)
+    record = gate.backward(ce, aux, scope_tensors=[h])
+    return record, [torch.zeros_like(p) if p.grad is None else p.grad for p in params], cos_repr, cos_all
+
+
+def calibrated(pairs, **kw) -> ScreenRule:
+    rule = ScreenRule(warmup=len(pairs), **kw)
+    for c, x in pairs:
+        rule.observe(c, x)
+    return rule
+
+
+@pytest.mark.parametrize("offset", [-3.0, 3.0])
+def test_screened_exact_path_equals_the_exact_gate(offset: float) -> None:
+    # warm-up (no pairs yet): always exact; then a calibrated rule with the threshold inside the margin
+    cos_repr, _, _ = hand_reference("contrastive", "repr")
+    cos_all, _, _ = hand_reference("contrastive", "all")
+    for rule, threshold in ((ScreenRule(), 90.0), (ScreenRule(), angle_degrees(cos_all) + offset),
+                            (calibrated([(40.0, 41.0)] * 3, floor=10.0), angle_degrees(cos_repr) + offset)):
+        record, got, _, _ = screened_run(rule, threshold)
+        exact_record, exact_got = run_gate("contrastive", "all", threshold=threshold)
+        assert record.path == "exact" and record.scope == "screened"
+        for g, e in zip(got, exact_got, strict=True):
+            assert torch.equal(g, e)
+        assert record.cos == exact_record.cos and record.kept is exact_record.kept
+        assert record.exact_angle == exact_record.angle and record.cheap_angle == pytest.approx(
+            angle_degrees(cos_repr), abs=1e-9)
+
+
+def test_screened_cheap_path_decides_from_the_debiased_cheap_angle() -> None:
+    cos_repr, g_ce, g_aux = hand_reference("contrastive", "repr")
+    a_c = angle_degrees(cos_repr)
+    # calibration says: the exact angle is the cheap one + 10 deg, residual spread 0 -> margin = floor = 2
+    rule = calibrated([(30.0, 40.0), (50.0, 60.0), (70.0, 80.0)], floor=2.0, slack=1.0)
+    assert rule.offset() == 10.0 and rule.margin() == 2.0
+    for threshold, kept in ((a_c + 5.0, False), (a_c + 15.0, True)):  # raw cheap angle keeps in both cases
+        record, got, _, _ = screened_run(rule, threshold)
+        assert record.path == "cheap" and record.kept is kept and record.lam_t == (LAM if kept else 0.0)
+        assert math.isnan(record.exact_angle) and record.margin == 2.0
+        assert record.cheap_angle == pytest.approx(a_c, abs=1e-9)
+        assert record.angle == pytest.approx(a_c + 10.0, abs=1e-9)  # the estimate that decided
+        # the same update as the cheap repr gate making the same decision
+        repr_record, repr_got = run_gate("contrastive", "repr", threshold=a_c + (1.0 if kept else -1.0))
+        assert repr_record.kept is kept
+        for g, e in zip(got, repr_got, strict=True):
+            assert torch.equal(g, e)
+        assert_grads(got, [c + record.lam_t * a for c, a in zip(g_ce, g_aux)])
+    assert len(rule.pairs) == 3  # cheap decisions add no pair
+
+
+def test_screened_near_the_threshold_takes_the_exact_path_and_calibrates() -> None:
+    cos_repr, _, _ = hand_reference("contrastive", "repr")
+    cos_all, _, _ = hand_reference("contrastive", "all")
+    rule = calibrated([(30.0, 40.0), (50.0, 60.0)], floor=2.0, slack=1.0)
+    record, _, _, _ = screened_run(rule, threshold=angle_degrees(cos_repr) + 10.0 + 1.5)  # inside +-2
+    assert record.path == "exact"
+    assert rule.pairs[-1] == pytest.approx((angle_degrees(cos_repr), angle_degrees(cos_all)), abs=1e-9)
+
+
+def test_screen_rule_calibration_as_documented() -> None:
+    rule = ScreenRule(warmup=4, quantile=0.5, slack=1.5, floor=3.0)
+    assert rule.margin() == math.inf and rule.offset() == 0.0
+    assert rule.cheap_decision(10.0, 90.0) is None  # warm-up: always exact
+    residuals = [2.0, 4.0, 6.0, 16.0]
+    for i, r in enumerate(residuals):
+        rule.observe(50.0 + i, 50.0 + i + r)
+    rule.observe(math.nan, 10.0)  # not finite: ignored
+    rule.observe(10.0, math.inf)
+    assert len(rule.pairs) == 4
+    assert rule.offset() == 5.0  # median of 2, 4, 6, 16
+    # |r - 5| = 3, 1, 1, 11, sorted 1, 1, 3, 11; numpy's "higher" quantile at q is the value at index
+    # ceil(q * (n - 1)): 3 at q = 0.5 (index 2; the interpolated median would be 2), 11 at q = 0.75
+    assert rule.margin() == 3.0 + 1.5
+    assert ScreenRule(warmup=4, quantile=0.75, slack=1.5, floor=3.0, pairs=list(rule.pairs)).margin() == 11.0 + 1.5
+    assert rule.cheap_decision(80.0, 90.0) is True  # estimate 85, 5 below
+    assert rule.cheap_decision(82.0, 90.0) is None  # estimate 87, within the margin
+    assert rule.cheap_decision(90.0, 90.0) is False  # estimate 95, 5 above
+    assert rule.cheap_decision(math.nan, 90.0) is None
+    assert ScreenRule(warmup=4, quantile=0.5, slack=1.5, floor=6.0, pairs=list(rule.pairs)).margin() == 6.0
+    plain = ScreenRule(warmup=4, quantile=1.0, slack=0.0, floor=0.0, debias=False, pairs=list(rule.pairs))
+    assert plain.offset() == 0.0 and plain.margin() == 16.0  # max |r| without centring
+    assert ScreenRule(warmup=2, window=2, floor=0.0, slack=0.0, quantile=1.0,
+                      pairs=list(rule.pairs)).margin() == 5.0  # last two residuals 6, 16: median 11, |.-11| = 5
+
+
+def test_screen_rule_restores_from_logged_rows() -> None:
+    rule = calibrated([(30.0, 41.0), (50.0, 58.0)])
+    rows = [{"exact_path": True, "cheap_angle": c, "exact_angle": x} for c, x in rule.pairs]
+    rows.insert(1, {"exact_path": False, "cheap_angle": 12.0, "exact_angle": math.nan})
+    rows.append({"cos": 0.1})  # a row without the screened fields
+    again = ScreenRule(warmup=2)
+    assert again.restore(rows) == 2 and again.pairs == rule.pairs and again.margin() == rule.margin()
+
+
+def test_screened_log_fields_are_complete_on_both_paths() -> None:
+    cos_repr, _, _ = hand_reference("contrastive", "repr")
+    exact, _, _, _ = screened_run(ScreenRule(), 90.0)
+    cheap, _, _, _ = screened_run(calibrated([(30.0, 30.0)] * 2), angle_degrees(cos_repr) + 40.0)
+    keys = {"cos", "angle", "kept", "exact_path", "cheap_angle", "exact_angle", "margin"}
+    for rec, path in ((exact, "exact"), (cheap, "cheap")):
+        row = rec.log_fields()
+        assert set(row) == keys and row["exact_path"] is (path == "exact") and rec.path == path
+        assert math.isfinite(row["cheap_angle"]) and math.isfinite(row["angle"])
+        assert math.isfinite(row["exact_angle"]) is (path == "exact")
+    assert exact.log_fields()["margin"] == math.inf and cheap.log_fields()["margin"] == 5.0  # the floor
+    assert set(run_gate("contrastive", "all")[0].log_fields()) == {"cos", "angle", "kept"}
+
+
+@pytest.mark.parametrize("kwargs, match", [({"warmup": 0}, "warmup"), ({"quantile": 0.0}, "quantile"),
+                                           ({"quantile": 1.5}, "quantile"), ({"slack": -1.0}, "slack"),
+                                           ({"floor": math.nan}, "floor"), ({"warmup": 5, "window": 3}, "window")])
+def test_bad_screen_rules_raise(kwargs: dict, match: str) -> None:
+    with pytest.raises(AclLabError, match=match):
+        ScreenRule(**kwargs)
+
+
+def test_screened_needs_scope_tensors_and_screen_needs_screened() -> None:
+    toy = make_toy()
+    ce, aux, _ = forward(toy, "contrastive")
+    with pytest.raises(AclLabError, match="scope_tensors"):
+        ACLGrad(toy.params(), lam=LAM, scope="screened").backward(ce, aux)
+    with pytest.raises(AclLabError, match="screen"):
+        ACLGrad(toy.params(), lam=LAM, scope="all", screen=ScreenRule())
