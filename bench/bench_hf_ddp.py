@@ -148,7 +148,7 @@ def main() -> None:
     print("gate decisions identical in 1 and 2 processes (dropout 0, same batches):", agree)
     params = rows[0]["parameters"]
     print(f"trainable parameters: {params:,} (a float32 gradient is {params * 4 / 1e6:.1f} MB; DDP's reducer sends "
-          "it once per step in every variant except acl-all, whose forward and backward run under no_sync)")
+          "it once per step for acl-embed; the gated variants run under no_sync and the gate all-reduces instead)")
 
 
 if __name__ == "__main__":
