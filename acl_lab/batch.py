@@ -20,7 +20,6 @@ import ast
 import itertools
 import json
 import math
-import os
 import re
 import shutil
 import string
@@ -35,7 +34,9 @@ import pandas as pd
 import papermill as pm
 import yaml
 
+from .atomic import write_text
 from .errors import AclLabError
+from .locks import one_writer
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 GRID_KEYS = ("notebooks", "output_dir", "output_template", "kernel", "timeout", "parameters", "grid")
@@ -233,6 +234,10 @@ def load_grid(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(template, str) or not template.endswith(".ipynb"):
         raise AclLabError(f"'output_template' {template!r} must be a path ending in .ipynb. Fix: e.g. "
                           f"{DEFAULT_TEMPLATE!r}.")
+    if Path(template).is_absolute() or ".." in Path(template).parts or template.startswith("~"):
+        raise AclLabError(f"'output_template' {template!r} would write outside the batch's output folder. Fix: give "
+                          f"a relative path without '..', e.g. {DEFAULT_TEMPLATE!r}; move the whole batch with "
+                          "'output_dir' instead.")
     output_dir = Path(raw.get("output_dir") or f"outputs/batch/{stem}")
     return {"notebooks": paths, "output_dir": output_dir.absolute(), "output_template": template,
             "kernel": kernel, "timeout": timeout, "parameters": dict(parameters), "grid": dict(grid)}
@@ -282,6 +287,12 @@ def expand_grid(grid: str | Path | Mapping[str, Any]) -> list[RunSpec]:
             except ValueError as exc:
                 raise AclLabError(f"'output_template' {g['output_template']!r} cannot be filled in: {exc}. Fix: "
                                   "use plain placeholders such as {name}, without format specs.") from None
+            root = g["output_dir"].resolve()
+            if not output.resolve().is_relative_to(root):
+                raise AclLabError(f"Run {name!r} of {notebook.name} would write {str(output)!r}, outside the batch's "
+                                  f"output folder {str(root)!r} ('output_template' {g['output_template']!r} filled "
+                                  "with its values). Fix: use values without '..' in the template's placeholders, "
+                                  f"or the default template {DEFAULT_TEMPLATE!r}.")
             if output in seen:
                 raise AclLabError(f"'output_template' {g['output_template']!r} gives the same file {str(output)!r} "
                                   f"to runs {seen[output]!r} and {name!r} of {notebook.name}. Fix: include {{name}} "
@@ -327,7 +338,11 @@ def gather_metrics(notebook: Path, parameters: Mapping[str, Any]) -> dict[str, A
     if not isinstance(output_dir, str) or not isinstance(preset, str):
         return {}
     path = notebook.parent / output_dir / preset / "metrics" / f"{notebook.stem}.json"
-    return _flatten(json.loads(path.read_text())) if path.is_file() else {}
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (ValueError, OSError):  # damaged or edited by hand: the run's row says so instead of a crash
+        return {"metrics_error": f"{path.name} is not valid JSON"}
+    return _flatten(metrics) if isinstance(metrics, Mapping) else {"metrics_error": f"{path.name} is not a mapping"}
 
 
 def run_notebook(input_path: str | Path, output_path: str | Path, parameters: Mapping[str, Any],
@@ -421,17 +436,11 @@ def markdown_table(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_results(df: pd.DataFrame, output_dir: Path) -> None:
     """Write ``results.csv`` and ``results.md`` into ``output_dir`` (each replaced whole, never half-written)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(output_dir / "results.csv", df.to_csv(index=False))
-    _write_atomic(output_dir / "results.md", markdown_table(df))
+    write_text(output_dir / "results.csv", df.to_csv(index=False))
+    write_text(output_dir / "results.md", markdown_table(df))
 
 
 def _row(rec: RunRecord, extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -442,6 +451,7 @@ def _row(rec: RunRecord, extra: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
+@one_writer("batch", lambda specs, output_dir, *_, **__: output_dir)  # one batch per output folder
 def _execute(specs: list[RunSpec], output_dir: Path, kernel: str, timeout: int | None, resume: bool,
              progress: bool, table: Callable[[list[RunRecord]], pd.DataFrame]) -> pd.DataFrame:
     """Run (or skip) each spec in order, rewrite the results after each, print a line per run and a summary."""

@@ -145,7 +145,9 @@ class TrainConfig:
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            from .atomic import write_text
+
+            write_text(path, text + "\n")
         return text
 
     @classmethod

@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from .atomic import target, write_json, write_text
 from .config import TrainConfig
 from .errors import AclLabError
 from .presets import preset_config
@@ -93,9 +94,8 @@ def _with_task(df: pd.DataFrame, task: str) -> pd.DataFrame:
 
 def _save_part(results_dir: Path, part: str, frame: pd.DataFrame) -> Path:
     path = results_dir / FILES[part]
-    tmp = path.with_suffix(".tmp")
-    frame.to_csv(tmp, index=False)
-    tmp.replace(path)
+    with target(path) as tmp:
+        frame.to_csv(tmp, index=False)
     return path
 
 
@@ -104,7 +104,7 @@ def _save_metrics(results_dir: Path, results: Iterable) -> None:
     for r in results:
         dest = results_dir / "runs" / r.config.task / f"{Path(r.output_dir).name}.json"
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(json.dumps(r.metrics, indent=1) + "\n")
+        write_json(dest, r.metrics, indent=1)
 
 
 def run_part(plan: EvidencePlan, part: str, task: str, runs_home: Path, results_dir: Path,
@@ -160,7 +160,7 @@ def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | P
             earlier = [keep] if keep is not None and len(keep) else []  # no empty frame: it would turn ints to floats
             written[part] = _save_part(results_dir, part, pd.concat([*earlier, *frames], ignore_index=True))
             meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-            meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+            write_json(meta_path, meta, indent=1)
     return written
 
 
@@ -333,5 +333,5 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
                 f"{meta['machine']['versions'].get('torch', '?')}.", "",
                 markdown_table(pd.DataFrame([{"part/task": k, "seconds": v} for k, v in meta.get("seconds", {}).items()])), ""]
     path = results_dir / "tables.md"
-    path.write_text("\n".join(out))
+    write_text(path, "\n".join(out))
     return path

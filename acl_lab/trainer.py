@@ -28,12 +28,14 @@ from typing import Any
 
 import torch
 
+from .atomic import append_line, read_jsonl, restore_folder, write_json, write_text
 from .checkpoint import load_model_weights, load_training_state, save_checkpoint
 from .config import RUNTIME_FIELDS, TrainConfig
 from .data import load_task, make_loader, tokenize
 from .errors import AclLabError
 from .evaluate import dump_representations, evaluate
 from .grad import ACLGrad, angle_degrees, gradient_cosines
+from .locks import one_writer, train_output_dir
 from .losses import acl_embed_loss, supcon_loss
 from .model import MultiExitClassifier, build_model
 from .objectives import compute_losses
@@ -107,7 +109,6 @@ def prepare_output_dir(cfg: TrainConfig, resume: bool, overwrite: bool) -> Path:
     except OSError as exc:
         raise AclLabError(f"Output directory {str(out)!r} is not writable ({exc.strerror or exc}). "
                           "Fix: choose another --output-dir (or OUTPUT_DIR) that you can write to.") from None
-    old_cfg = out / "config.json"
     if overwrite:
         for name in RUN_FILES:
             p = out / name
@@ -116,11 +117,7 @@ def prepare_output_dir(cfg: TrainConfig, resume: bool, overwrite: bool) -> Path:
             elif p.exists():
                 p.unlink()
         return out
-    if old_cfg.exists():
-        try:
-            old = json.loads(old_cfg.read_text())
-        except json.JSONDecodeError:
-            old = {}
+    for old in _stored_configs(out):
         if _comparable(old) != _comparable(cfg.to_dict()):
             diff = sorted(k for k in set(old) | set(cfg.to_dict()) if k not in RUNTIME_FIELDS
                           and old.get(k) != cfg.to_dict().get(k))
@@ -134,6 +131,29 @@ def prepare_output_dir(cfg: TrainConfig, resume: bool, overwrite: bool) -> Path:
                 "Fix: pass --resume (resume=True) to continue or reuse it, or --overwrite (overwrite=True) to start again."
             )
     return out
+
+
+def _stored_configs(out: Path) -> list[dict]:
+    """The configs a run folder records: config.json, and the one inside metrics.json once finished.
+
+    Both must match a run that resumes, so a config.json edited by hand cannot pass off a
+    finished run's metrics as those of another config. A damaged file is refused.
+    """
+    found = []
+    for path in (out / "config.json", out / "metrics.json"):
+        if not path.exists():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, OSError):
+            data = None
+        if isinstance(data, dict) and path.name == "metrics.json":
+            data = data.get("config")
+        if not isinstance(data, dict):
+            raise AclLabError(f"{str(path)!r} is damaged (not the JSON object acl_lab wrote). Fix: restore it, or "
+                              "pass --overwrite (overwrite=True) to start that run again.")
+        found.append(data)
+    return found
 
 
 # ---------------------------------------------------------------------------
@@ -197,17 +217,15 @@ class _History:
         self.steps: list[dict] = []
         self.evals: list[dict] = []
         if keep_until is not None and path.exists():
-            for line in path.read_text().splitlines():
-                row = json.loads(line)
-                if row["step"] <= keep_until:
+            for row in read_jsonl(path):  # a torn last line (a kill mid-append) is dropped
+                if isinstance(row.get("step"), int) and row["step"] <= keep_until:
                     (self.evals if row.get("event") == "eval" else self.steps).append(row)
         rows = sorted(self.steps + self.evals, key=lambda r: (r["step"], r.get("event") == "eval"))
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def add(self, row: dict) -> None:
         (self.evals if row.get("event") == "eval" else self.steps).append(row)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_line(self.path, json.dumps(row))
 
 
 def _summary(history: list[dict], gated: bool) -> dict[str, Any]:
@@ -226,6 +244,7 @@ def _summary(history: list[dict], gated: bool) -> dict[str, Any]:
 # the public entry point
 # ---------------------------------------------------------------------------
 
+@one_writer("train", train_output_dir)  # one writer per output folder (acl_lab.locks)
 def train(config: TrainConfig | dict, resume: bool = False, overwrite: bool = False,
           progress: bool = True) -> TrainResult:
     """Fine-tune a model as ``config`` says; return metrics, history and paths (see module docstring)."""
@@ -237,6 +256,8 @@ def train(config: TrainConfig | dict, resume: bool = False, overwrite: bool = Fa
                           "Fix: use --objective ce or me-ce for STS-B.")
     out = prepare_output_dir(cfg, resume, overwrite)
     last_dir, best_dir = out / "checkpoints" / "last", out / "checkpoints" / "best"
+    for folder in (last_dir, best_dir):
+        restore_folder(folder)  # undo a checkpoint swap cut short by a kill
     if resume and (out / "metrics.json").exists():
         return load_result(out)  # already finished: nothing to do
     if cfg.num_threads:
@@ -343,7 +364,7 @@ def train(config: TrainConfig | dict, resume: bool = False, overwrite: bool = Fa
     if not task.is_regression:
         dump_representations(model, eval_loaders["dev"], device, out / "representations.safetensors",
                              list(task.label_names))
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_json(out / "metrics.json", metrics, indent=2)
     return TrainResult(cfg, metrics, history.steps, history.evals, out)
 
 
@@ -423,10 +444,14 @@ def load_result(output_dir: str | Path) -> TrainResult:
     if not (out / "metrics.json").is_file():
         raise AclLabError(f"{str(out)!r} holds no finished run (no metrics.json). Fix: train it first, or resume it "
                           "with resume=True (--resume).")
-    metrics = json.loads((out / "metrics.json").read_text())
+    try:
+        metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+        config = TrainConfig.from_dict(metrics["config"])
+    except (ValueError, KeyError, TypeError):
+        raise AclLabError(f"{str(out / 'metrics.json')!r} is damaged (not the metrics acl_lab wrote). Fix: delete it "
+                          "and train again with --resume (the checkpoints are kept), or restore it.") from None
     steps, evals = [], []
     if (out / "history.jsonl").exists():
-        for line in (out / "history.jsonl").read_text().splitlines():
-            row = json.loads(line)
+        for row in read_jsonl(out / "history.jsonl"):
             (evals if row.get("event") == "eval" else steps).append(row)
-    return TrainResult(TrainConfig.from_dict(metrics["config"]), metrics, steps, evals, out)
+    return TrainResult(config, metrics, steps, evals, out)
