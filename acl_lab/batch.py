@@ -165,7 +165,10 @@ def check_parameters(notebook: Path, values: Mapping[str, list[Any]]) -> None:
 # ---------------------------------------------------------------------------
 def _read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise AclLabError(f"Grid file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start}). Fix: save "
+                          "it as UTF-8.") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -238,7 +241,11 @@ def load_grid(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
         raise AclLabError(f"'output_template' {template!r} would write outside the batch's output folder. Fix: give "
                           f"a relative path without '..', e.g. {DEFAULT_TEMPLATE!r}; move the whole batch with "
                           "'output_dir' instead.")
-    output_dir = Path(raw.get("output_dir") or f"outputs/batch/{stem}")
+    output_dir = raw.get("output_dir") or f"outputs/batch/{stem}"
+    if not isinstance(output_dir, (str, Path)):
+        raise AclLabError(f"'output_dir' {output_dir!r} in {label} must be a folder path. Fix: e.g. output_dir: "
+                          f"outputs/batch/{stem}, or leave it out.")
+    output_dir = Path(output_dir)
     return {"notebooks": paths, "output_dir": output_dir.absolute(), "output_template": template,
             "kernel": kernel, "timeout": timeout, "parameters": dict(parameters), "grid": dict(grid)}
 
@@ -269,7 +276,11 @@ def expand_grid(grid: str | Path | Mapping[str, Any]) -> list[RunSpec]:
         raise AclLabError("Two grid points get the same run name once their values are made file-name safe "
                           f"({', '.join(sorted({n for n in names if names.count(n) > 1}))}). Fix: make the values "
                           "differ in letters or digits.")
-    fields = [f for _, f, _, _ in string.Formatter().parse(g["output_template"]) if f is not None]
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(g["output_template"]) if f is not None]
+    except ValueError as exc:
+        raise AclLabError(f"'output_template' {g['output_template']!r} is not a valid template ({exc}). Fix: use "
+                          "placeholders like {name} with matching braces; write {{ and }} for literal braces.") from None
     allowed = ["notebook", "name", *g["parameters"], *g["grid"]]
     bad = [f for f in fields if f not in allowed]
     if bad:
