@@ -117,9 +117,11 @@ def _child(job: dict, kill: dict | None, trace: str | None, result: str) -> None
 def _run(job: dict) -> None:
     kind = job["kind"]
     if kind == "train":
-        from acl_lab.trainer import train
+        from acl_lab import trainer
 
-        train(job["config"], resume=True, progress=False)
+        if job.get("fsize_after_checkpoint"):
+            _limit_file_size_after_first_checkpoint(trainer, job["fsize_after_checkpoint"])
+        trainer.train(job["config"], resume=True, progress=False)
     elif kind == "batch":
         from acl_lab.batch import run_grid
 
@@ -131,6 +133,22 @@ def _run(job: dict) -> None:
                      progress=False)
     else:
         raise ValueError(kind)
+
+
+def _limit_file_size_after_first_checkpoint(trainer, limit: int) -> None:
+    """A full disk from the next write on: RLIMIT_FSIZE makes larger writes fail with EFBIG (SIGXFSZ ignored)."""
+    import resource
+
+    real = trainer.save_checkpoint
+
+    def save_then_limit(folder, *args, **kwargs):
+        out = real(folder, *args, **kwargs)
+        if Path(folder).name == "last":
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        return out
+
+    trainer.save_checkpoint = save_then_limit
 
 
 def run_job(job: dict, kill: dict | None = None, after: float | None = None, trace: str | None = None,
