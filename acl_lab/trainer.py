@@ -151,7 +151,8 @@ def _stored_configs(out: Path) -> list[dict]:
             data = data.get("config")
         if not isinstance(data, dict):
             raise AclLabError(f"{str(path)!r} is damaged (not the JSON object acl_lab wrote). Fix: restore it, or "
-                              "pass --overwrite (overwrite=True) to start that run again.")
+                              "delete it and run again with --resume (the checkpoints are kept), or pass --overwrite "
+                              "(overwrite=True) to start that run again.")
         found.append(data)
     return found
 

@@ -238,3 +238,46 @@ def test_models_never_load_remote_code(tmp_path, monkeypatch):
     assert {name for name, _ in seen} == {"AutoModel", "AutoTokenizer"}
     assert all(trust is False for _, trust in seen), seen
     shutil.rmtree(folder)
+
+
+# ---------------------------------------------------------------------------
+# files edited by hand
+# ---------------------------------------------------------------------------
+def test_hand_edited_config_cannot_pass_off_a_finished_run(tiny_config):
+    """config.json edited, then --resume: refused (metrics.json records the config the run really had)."""
+    cfg = tiny_config.replace(max_steps=2, eval_every=2)
+    train(cfg, progress=False)
+    path = Path(cfg.output_dir) / "config.json"
+    edited = {**json.loads(path.read_text()), "lr": 0.5}
+    path.write_text(json.dumps(edited))
+    with pytest.raises(AclLabError, match=r"different config \(differs in: lr\)"):
+        train(edited, resume=True, progress=False)
+    (Path(cfg.output_dir) / "metrics.json").write_text('{"dev": ')
+    path.write_text(json.dumps(cfg.to_dict()))
+    with pytest.raises(AclLabError, match=r"metrics.json' is damaged .*Fix: restore it, or delete it and run again with --resume"):
+        train(cfg, resume=True, progress=False)
+
+
+def test_damaged_notebook_metrics_do_not_crash_a_batch(tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell('OUTPUT_DIR = "out"\nPRESET = "smoke"')
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell]
+    nbformat.write(nb, str(tmp_path / "toy.ipynb"))
+    metrics = tmp_path / "o" / "smoke" / "metrics" / "toy.json"
+    metrics.parent.mkdir(parents=True)
+    for text, words in (('{"x": 1', "not valid JSON"), ("[1, 2]", "not a mapping")):
+        metrics.write_text(text)
+        got = batch.gather_metrics(tmp_path / "toy.ipynb", {"OUTPUT_DIR": str(tmp_path / "o"), "PRESET": "smoke"})
+        assert words in got["metrics_error"]
+
+
+def test_torn_last_log_line_is_dropped_other_damage_is_named(tmp_path):
+    log = tmp_path / "history.jsonl"
+    log.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "lo')
+    assert atomic.read_jsonl(log) == [{"step": 1}, {"step": 2}]
+    log.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(AclLabError, match="Line 2 of .* is not a JSON object"):
+        atomic.read_jsonl(log)
