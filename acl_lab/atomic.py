@@ -80,8 +80,22 @@ def _temp_name(path: Path) -> Path:
     return path.with_name(f"{path.name}.tmp-{os.getpid()}")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 def _remove_stale_temps(path: Path) -> None:
+    """Delete temporaries of ``path`` left by writers that died (those of live processes are theirs)."""
     for stale in path.parent.glob(f"{path.name}.tmp-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue
         with contextlib.suppress(OSError):
             stale.unlink()
 

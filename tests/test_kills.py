@@ -194,7 +194,7 @@ def test_evidence_survives_sigkill_in_its_writes(tmp_path, one_thread):
            "results": str(tmp_path / "results"), "parts": ["pilot"]}
     rng = random.Random(SEED)
     points = [{"after": rng.uniform(0.3, 0.8) * seconds},  # somewhere in the training of its runs
-              {"kind": "write", "path": f"results/runs/rt-polarity/ce-s0-", "mode": "torn"},
+              {"kind": "write", "path": "results/runs/rt-polarity/ce-s0-", "mode": "torn"},
               {"kind": "write", "path": "results/pilot_angles.csv.tmp-PID", "nth": 0, "mode": "torn"},
               {"kind": "rename", "path": "results/plan.json", "nth": 0, "mode": "after"}]
     kills = 0
