@@ -448,6 +448,8 @@ def load_result(output_dir: str | Path) -> TrainResult:
     try:
         metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
         config = TrainConfig.from_dict(metrics["config"])
+    except AclLabError:
+        raise  # e.g. a field this version does not know: that message names it
     except (ValueError, KeyError, TypeError):
         raise AclLabError(f"{str(out / 'metrics.json')!r} is damaged (not the metrics acl_lab wrote). Fix: delete it "
                           "and train again with --resume (the checkpoints are kept), or restore it.") from None

@@ -31,7 +31,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-PRELOAD = ["acl_lab.trainer", "acl_lab.batch", "acl_lab.evidence", "acl_lab.experiments", "killing"]
+# what a train imports lazily (model classes, tokenizers): imported once here instead of seconds per child
+PRELOAD = ["acl_lab.trainer", "acl_lab.batch", "acl_lab.evidence", "acl_lab.experiments", "killing",
+           "transformers.modeling_utils", "transformers.models.bert.modeling_bert",
+           "transformers.models.bert.tokenization_bert", "transformers.data.data_collator",
+           "transformers.models.auto.tokenization_auto", "transformers.models.auto.modeling_auto"]
 _CTX = None
 
 

@@ -262,6 +262,7 @@ def test_damaged_notebook_metrics_do_not_crash_a_batch(tmp_path):
     import nbformat
 
     nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": kernel_name(), "language": "python"}
     cell = nbformat.v4.new_code_cell('OUTPUT_DIR = "out"\nPRESET = "smoke"')
     cell.metadata["tags"] = ["parameters"]
     nb.cells = [cell]
