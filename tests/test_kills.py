@@ -83,7 +83,7 @@ def test_training_survives_sigkill_at_random_points(tiny_config, tmp_path):
             plan.append((cat, kill_spec(events, i, mode), None))
     swaps = [i for i in by_cat["checkpoint"] if events[i]["path"].endswith("last.old")]
     plan.append(("checkpoint", kill_spec(events, rng.choice(swaps), "after"), None))  # last is absent here
-    plan += [("time", None, rng.uniform(0.05, 0.6) * seconds) for _ in range(4)]  # seconds include a cold start
+    plan += [("time", None, rng.uniform(0.1, 0.9) * seconds) for _ in range(4)]
 
     survived = []
     for n, (cat, kill, after) in enumerate(plan):
