@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from .atomic import target
 from .errors import AclLabError
 from .model import MultiExitClassifier
 from .tasks import TaskSpec, compute_metrics
@@ -71,7 +72,8 @@ def dump_representations(model: MultiExitClassifier, loader, device: torch.devic
         tensors[f"label_embeddings.{layer}"] = model.label_embeddings(i).detach().float().cpu().contiguous()
     meta = {"label_names": ",".join(label_names), "layers": ",".join(map(str, model.exit_layers))}
     path = Path(path)
-    save_file(tensors, str(path), metadata=meta)
+    with target(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
     return path
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomic import read_jsonl
 from .config import TrainConfig
 from .errors import AclLabError
 
@@ -49,10 +50,16 @@ def load_result(output_dir: str | Path) -> TrainResult:
     if not is_finished(out):
         raise AclLabError(f"{str(out)!r} holds no finished run (no metrics.json). Fix: train it first, or resume it "
                           "with resume=True (--resume).")
-    metrics = json.loads((out / "metrics.json").read_text())
+    try:
+        metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+        config = TrainConfig.from_dict(metrics["config"])
+    except AclLabError:
+        raise  # e.g. a field this version does not know: that message names it
+    except (ValueError, KeyError, TypeError):
+        raise AclLabError(f"{str(out / 'metrics.json')!r} is damaged (not the metrics acl_lab wrote). Fix: delete it "
+                          "and train again with --resume (the checkpoints are kept), or restore it.") from None
     steps, evals = [], []
     if (out / "history.jsonl").exists():
-        for line in (out / "history.jsonl").read_text().splitlines():
-            row = json.loads(line)
+        for row in read_jsonl(out / "history.jsonl"):  # a torn last line (a kill mid-append) is dropped
             (evals if row.get("event") == "eval" else steps).append(row)
-    return TrainResult(TrainConfig.from_dict(metrics["config"]), metrics, steps, evals, out)
+    return TrainResult(config, metrics, steps, evals, out)

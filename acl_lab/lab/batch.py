@@ -24,7 +24,6 @@ from __future__ import annotations
 import ast
 import itertools
 import json
-import os
 import re
 import shutil
 import string
@@ -43,6 +42,8 @@ import yaml
 from ..analysis.tables import markdown_table, text
 from ..assets import notebooks_dir
 from ..errors import AclLabError
+from ..atomic import write_text
+from ..locks import one_writer
 
 NOTEBOOKS_DIR = notebooks_dir()  # the checkout's notebooks/, or the copy shipped in the wheel
 GRID_KEYS = ("notebooks", "output_dir", "output_template", "kernel", "timeout", "parameters", "grid", "after")
@@ -175,7 +176,10 @@ def check_parameters(notebook: Path, values: Mapping[str, list[Any]]) -> None:
 # ---------------------------------------------------------------------------
 def _read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise AclLabError(f"Grid file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start}). Fix: save "
+                          "it as UTF-8.") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -245,7 +249,15 @@ def load_grid(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(template, str) or not template.endswith(".ipynb"):
         raise AclLabError(f"'output_template' {template!r} must be a path ending in .ipynb. Fix: e.g. "
                           f"{DEFAULT_TEMPLATE!r}.")
-    output_dir = Path(raw.get("output_dir") or f"outputs/batch/{stem}")
+    if Path(template).is_absolute() or ".." in Path(template).parts or template.startswith("~"):
+        raise AclLabError(f"'output_template' {template!r} would write outside the batch's output folder. Fix: give "
+                          f"a relative path without '..', e.g. {DEFAULT_TEMPLATE!r}; move the whole batch with "
+                          "'output_dir' instead.")
+    output_dir = raw.get("output_dir") or f"outputs/batch/{stem}"
+    if not isinstance(output_dir, (str, Path)):
+        raise AclLabError(f"'output_dir' {output_dir!r} in {label} must be a folder path. Fix: e.g. output_dir: "
+                          f"outputs/batch/{stem}, or leave it out.")
+    output_dir = Path(output_dir)
     return {"notebooks": paths, "after": after, "output_dir": output_dir.absolute(), "output_template": template,
             "kernel": kernel, "timeout": timeout, "parameters": dict(parameters), "grid": dict(grid)}
 
@@ -314,7 +326,11 @@ def expand_grid(grid: str | Path | Mapping[str, Any]) -> list[RunSpec]:
         raise AclLabError("Two grid points get the same run name once their values are made file-name safe "
                           f"({', '.join(sorted({n for n in names if names.count(n) > 1}))}). Fix: make the values "
                           "differ in letters or digits.")
-    fields = [f for _, f, _, _ in string.Formatter().parse(g["output_template"]) if f is not None]
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(g["output_template"]) if f is not None]
+    except ValueError as exc:
+        raise AclLabError(f"'output_template' {g['output_template']!r} is not a valid template ({exc}). Fix: use "
+                          "placeholders like {name} with matching braces; write {{ and }} for literal braces.") from None
     allowed = ["notebook", "name", *g["parameters"], *g["grid"]]
     bad = [f for f in fields if f not in allowed]
     if bad:
@@ -333,6 +349,12 @@ def expand_grid(grid: str | Path | Mapping[str, Any]) -> list[RunSpec]:
             except ValueError as exc:
                 raise AclLabError(f"'output_template' {g['output_template']!r} cannot be filled in: {exc}. Fix: "
                                   "use plain placeholders such as {name}, without format specs.") from None
+            root = g["output_dir"].resolve()
+            if not output.resolve().is_relative_to(root):
+                raise AclLabError(f"Run {name!r} of {notebook.name} would write {str(output)!r}, outside the batch's "
+                                  f"output folder {str(root)!r} ('output_template' {g['output_template']!r} filled "
+                                  "with its values). Fix: use values without '..' in the template's placeholders, "
+                                  f"or the default template {DEFAULT_TEMPLATE!r}.")
             if output in seen:
                 raise AclLabError(f"'output_template' {g['output_template']!r} gives the same file {str(output)!r} "
                                   f"to runs {seen[output]!r} and {name!r} of {notebook.name}. Fix: include {{name}} "
@@ -380,7 +402,11 @@ def gather_metrics(notebook: Path, parameters: Mapping[str, Any]) -> dict[str, A
     if not isinstance(output_dir, str) or not isinstance(preset, str):
         return {}
     path = notebook.parent / output_dir / preset / "metrics" / f"{notebook.stem}.json"
-    return _flatten(json.loads(path.read_text())) if path.is_file() else {}
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (ValueError, OSError):  # damaged or edited by hand: the run's row says so instead of a crash
+        return {"metrics_error": f"{path.name} is not valid JSON"}
+    return _flatten(metrics) if isinstance(metrics, Mapping) else {"metrics_error": f"{path.name} is not a mapping"}
 
 
 def run_notebook(input_path: str | Path, output_path: str | Path, parameters: Mapping[str, Any],
@@ -457,17 +483,13 @@ def _cell(value: Any) -> Any:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def write_results(df: pd.DataFrame, output_dir: Path) -> None:
     """Write ``results.csv`` and ``results.md`` into ``output_dir`` (each replaced whole, never half-written)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(output_dir / "results.csv", df.to_csv(index=False))
-    _write_atomic(output_dir / "results.md", markdown_table(df))
+    write_text(output_dir / "results.csv", df.to_csv(index=False))
+    write_text(output_dir / "results.md", markdown_table(df))
 
 
 def _row(rec: RunRecord, extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -495,6 +517,7 @@ def _progress_bar(total: int, enabled: bool):
     return tqdm(total=total, disable=not enabled, desc="batch", unit="run", dynamic_ncols=True)
 
 
+@one_writer("batch", lambda specs, output_dir, *_, **__: output_dir)  # one batch per output folder
 def _execute(specs: list[RunSpec], output_dir: Path, kernel: str, timeout: int | None, resume: bool,
              progress: bool, table: Callable[[list[RunRecord]], pd.DataFrame], jobs: int = 1,
              scheduler: str | None = None) -> pd.DataFrame:

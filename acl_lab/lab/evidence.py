@@ -25,6 +25,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from ..analysis.stats import mean_sd_text, pm_text
+from ..atomic import target, write_json, write_text
 from ..config import TrainConfig
 from ..errors import AclLabError
 from . import plans
@@ -89,9 +90,8 @@ def _with_task(df: pd.DataFrame, task: str) -> pd.DataFrame:
 
 def _save_part(results_dir: Path, part: str, frame: pd.DataFrame) -> Path:
     path = results_dir / FILES[part]
-    tmp = path.with_suffix(".tmp")
-    frame.to_csv(tmp, index=False)
-    tmp.replace(path)
+    with target(path) as tmp:
+        frame.to_csv(tmp, index=False)
     return path
 
 
@@ -101,7 +101,7 @@ def _save_metrics(results_dir: Path, results: Iterable) -> None:
     for r in results:
         dest = results_dir / "run_metrics" / r.config.task / f"{Path(r.output_dir).name}.json"
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(json.dumps(r.metrics, indent=1) + "\n")
+        write_json(dest, r.metrics, indent=1)
 
 
 def run_part(plan: EvidencePlan, part: str, task: str, runs_home: Path, results_dir: Path,
@@ -158,7 +158,7 @@ def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | P
             earlier = [keep] if keep is not None and len(keep) else []  # no empty frame: it would turn ints to floats
             written[part] = _save_part(results_dir, part, pd.concat([*earlier, *frames], ignore_index=True))
             meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-            meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+            write_json(meta_path, meta, indent=1)
     return written
 
 
@@ -319,5 +319,5 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
                 f"{meta['machine']['versions'].get('torch', '?')}.", "",
                 markdown_table(pd.DataFrame([{"part/task": k, "seconds": v} for k, v in meta.get("seconds", {}).items()])), ""]
     path = results_dir / "tables.md"
-    path.write_text("\n".join(out))
+    write_text(path, "\n".join(out))
     return path

@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..atomic import target, write_json
 from ..errors import AclLabError
 
 PACKAGES = ("acl_lab", "torch", "transformers", "accelerate", "datasets", "numpy", "scikit-learn", "matplotlib",
@@ -53,7 +54,8 @@ def save_figure(fig, output_dir: str | Path, name: str) -> Path:
     folder = Path(output_dir) / "figures"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with target(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     return path
 
 
@@ -62,7 +64,7 @@ def record_metrics(output_dir: str | Path, notebook: str, metrics: dict[str, Any
     folder = Path(output_dir) / "metrics"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{notebook}.json"
-    path.write_text(json.dumps(metrics, indent=2, default=float) + "\n")
+    write_json(path, metrics, indent=2, default=float)
     return path
 
 
