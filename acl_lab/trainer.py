@@ -11,7 +11,7 @@ uninterrupted run.
 
 Output directory layout::
 
-    config.json  history.jsonl  metrics.json  representations.safetensors
+    config.json  history.jsonl  metrics.json  predictions.npz  representations.safetensors
     checkpoints/best/  checkpoints/last/
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .checkpoint import load_model_weights, load_training_state, save_checkpoint
 from .config import RUNTIME_FIELDS, TrainConfig
 from .data import load_task, make_loader, tokenize
 from .errors import AclLabError
-from .evaluate import dump_representations, evaluate
+from .evaluate import dump_representations, evaluate, evaluate_with_predictions, save_predictions
 from .grad import ACLGrad, angle_degrees, gradient_cosines
 from .losses import acl_embed_loss, supcon_loss
 from .model import MultiExitClassifier, build_model
@@ -315,10 +315,12 @@ def train(config: TrainConfig | dict, resume: bool = False, overwrite: bool = Fa
     metrics: dict[str, Any] = {"task": cfg.task, "objective": cfg.objective, "seed": cfg.seed, "model": cfg.model,
                                "steps": state["step"], "best_step": state["best_step"],
                                "train_seconds": round(state["train_seconds"], 2), "device": str(device)}
+    predictions = {}
     for split, loader in eval_loaders.items():
-        per_exit = evaluate(model, loader, task, device)
+        per_exit, predictions[split] = evaluate_with_predictions(model, loader, task, device)
         metrics[split] = per_exit[-1]
         metrics[f"{split}_per_exit"] = per_exit
+    save_predictions(out / "predictions.npz", predictions, list(model.exit_layers))
     metrics["exit_layers"] = list(model.exit_layers)
     metrics.update(_summary(history.steps, gate is not None))
     metrics["config"] = cfg.to_dict()

@@ -98,3 +98,30 @@ def test_example_paired_averages_seeds_and_tests_each():
 
 def test_difference_text():
     assert difference_text("ACL", "CE", 0.004, -0.002, 0.010) == "ACL − CE: +0.4 points, 95% CI [−0.2, +1.0]"
+
+
+def test_every_run_saves_its_per_example_predictions(tiny_config):
+    """predictions.npz holds what the metrics were computed from: accuracy per exit recomputed from it is equal."""
+    from acl_lab.result import load_predictions
+    from acl_lab.trainer import train
+
+    res = train(tiny_config.replace(objective="me-ce", max_steps=2, eval_every=2), progress=False)
+    pred = load_predictions(res.output_dir)
+    assert pred["exit_layers"] == res.metrics["exit_layers"]
+    for split in ("dev",):
+        labels, preds = pred[split]["labels"], pred[split]["predictions"]
+        assert preds.shape == (len(res.metrics["exit_layers"]), len(labels)) and len(labels) == 32
+        for row, metrics in zip(preds, res.metrics[f"{split}_per_exit"]):
+            assert float(np.mean(row == labels)) == metrics["accuracy"]
+    import zipfile
+    with zipfile.ZipFile(res.paths["predictions"]) as z:  # small integer arrays, not int64
+        assert "dev.predictions.npy" in z.namelist()
+    with np.load(res.paths["predictions"]) as z:
+        assert z["dev.predictions"].dtype == np.int8 and z["dev.labels"].dtype == np.int8
+
+
+def test_missing_predictions_say_how_to_make_them(tmp_path):
+    from acl_lab.result import load_predictions
+
+    with pytest.raises(AclLabError, match="predictions.npz"):
+        load_predictions(tmp_path)
