@@ -21,12 +21,17 @@ measures the sampling error of the evaluation set for the seed-averaged models.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 import numpy as np
 
 from ..errors import AclLabError
 from .stats import CONFIDENCE, finite, t_interval
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..result import TrainResult
 
 NO_DIFFERENCE = "no difference at this scale"
 HIGHER, LOWER = "higher", "lower"
@@ -136,3 +141,66 @@ def _same_length(a: np.ndarray, b: np.ndarray) -> None:
     if len(a) != len(b):
         raise AclLabError(f"Paired data of different lengths ({len(a)} and {len(b)}). Fix: compare predictions on "
                           "the same examples, in the same order (the same split of the same task).")
+
+
+# ---------------------------------------------------------------------------
+# tables over runs
+# ---------------------------------------------------------------------------
+
+def paired_frame(groups: Mapping[str, Mapping[int, "TrainResult"]], pairs: Iterable[tuple[str, str]],
+                 splits: Iterable[str] = ("dev", "test"), metric: str = "accuracy",
+                 n_resamples: int = 2000) -> "pd.DataFrame":
+    """One row per (pair, split): the seed-paired difference of the final exit's ``metric`` and, where both runs
+    saved ``predictions.npz`` and ``metric`` is accuracy, the example-paired one.
+
+    ``groups`` maps a name (e.g. "acl") to ``{seed: TrainResult}``; ``pairs`` lists ``(a, b)`` read "a - b".
+    Numeric columns: ``seed_mean``/``seed_low``/``seed_high``/``seed_verdict`` and
+    ``example_mean``/``example_low``/``example_high``/``example_verdict``/``mcnemar`` (p per seed).
+    """
+    import pandas as pd
+
+    from ..result import load_predictions
+
+    rows = []
+    for a, b in pairs:
+        ga, gb = groups[a], groups[b]
+        for split in splits:
+            sa = {s: r.metrics[split][metric] for s, r in ga.items() if metric in r.metrics.get(split, {})}
+            sb = {s: r.metrics[split][metric] for s, r in gb.items() if metric in r.metrics.get(split, {})}
+            if not sa or not sb:
+                continue
+            sp = seed_paired(sa, sb)
+            row = {"a": a, "b": b, "split": split, "seeds": sp["n"], "seed_mean": sp["mean"], "seed_low": sp["ci_low"],
+                   "seed_high": sp["ci_high"], "seed_verdict": sp["verdict"], "examples": math.nan,
+                   "example_mean": math.nan, "example_low": math.nan, "example_high": math.nan,
+                   "example_verdict": "-", "mcnemar": {}}
+            seeds = sp["seeds"]
+            if metric == "accuracy" and all(ga[s].paths["predictions"].is_file() and gb[s].paths["predictions"].is_file()
+                                            for s in seeds):
+                pa = {s: load_predictions(ga[s].output_dir)[split] for s in seeds}
+                pb = {s: load_predictions(gb[s].output_dir)[split] for s in seeds}
+                labels = pa[seeds[0]]["labels"]
+                if all(np.array_equal(p["labels"], labels) for p in [*pa.values(), *pb.values()]):
+                    ex = example_paired({s: p["predictions"][-1] for s, p in pa.items()},
+                                        {s: p["predictions"][-1] for s, p in pb.items()}, labels,
+                                        n_resamples=n_resamples)
+                    row.update(examples=ex["examples"], example_mean=ex["mean"], example_low=ex["ci_low"],
+                               example_high=ex["ci_high"], example_verdict=ex["verdict"], mcnemar=ex["mcnemar"])
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def format_paired(frame: "pd.DataFrame", scale: float = 100.0, unit: str = "points") -> "pd.DataFrame":
+    """:func:`paired_frame` as table text: "a − b: +0.4 points, 95% CI [−0.2, +1.0]" and the verdicts."""
+    import pandas as pd
+
+    rows = []
+    for r in frame.itertuples():
+        ex = (difference_text(r.a, r.b, r.example_mean, r.example_low, r.example_high, scale, unit)
+              if math.isfinite(r.example_mean) else "-")
+        rows.append({"split": r.split, "seeds": r.seeds,
+                     "paired over seeds": difference_text(r.a, r.b, r.seed_mean, r.seed_low, r.seed_high, scale, unit),
+                     "verdict (seeds)": r.seed_verdict,
+                     "paired over examples (bootstrap)": ex, "verdict (examples)": r.example_verdict,
+                     "McNemar p per seed": ", ".join(f"{p:.2g}" for p in r.mcnemar.values()) or "-"})
+    return pd.DataFrame(rows)
