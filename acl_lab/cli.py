@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "(default: all)")
     p.add_argument("--kernel", default=None, help="Jupyter kernel (default: acl-lab if registered, else python3)")
     p.add_argument("--no-resume", action="store_true", help="run every notebook again, even completed ones")
+    p.add_argument("--source", default="live", help="live (train, the default), saved (read the pack "
+                                                    "results/standard, no training: give its --preset standard) "
+                                                    "or a pack folder")
 
     p = sub.add_parser("evidence", help="run the paper's comparisons on the offline tasks and write docs/results "
                                         "(restartable); --report-only redraws the figures from the saved files",
@@ -201,7 +204,7 @@ def _cmd_suite(args) -> int:
 
     names = [n.strip() for n in args.notebooks.split(",") if n.strip()] if args.notebooks else None
     df = run_suite(args.preset, output_dir=args.output_dir, notebooks=names, kernel_name=args.kernel,
-                   resume=not args.no_resume)
+                   resume=not args.no_resume, parameters={"SOURCE": args.source} if args.source != "live" else None)
     return int((df["status"] == "failed").any())
 
 
