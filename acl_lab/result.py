@@ -49,6 +49,19 @@ def is_finished(output_dir: str | Path) -> bool:
     return (Path(output_dir) / "metrics.json").is_file()
 
 
+def read_history_text(output_dir: str | Path) -> str:
+    """The text of a run's ``history.jsonl``, or of ``history.jsonl.gz`` (how a results pack stores it: JSON lines
+    compress about 5x); ``""`` when there is neither."""
+    out = Path(output_dir)
+    if (out / "history.jsonl").exists():
+        return (out / "history.jsonl").read_text()
+    if (out / "history.jsonl.gz").exists():
+        import gzip
+
+        return gzip.decompress((out / "history.jsonl.gz").read_bytes()).decode()
+    return ""
+
+
 def load_result(output_dir: str | Path) -> TrainResult:
     """Read a finished run back from its output directory (metrics, history, config)."""
     out = Path(output_dir)
@@ -57,10 +70,9 @@ def load_result(output_dir: str | Path) -> TrainResult:
                           "with resume=True (--resume).")
     metrics = json.loads((out / "metrics.json").read_text())
     steps, evals = [], []
-    if (out / "history.jsonl").exists():
-        for line in (out / "history.jsonl").read_text().splitlines():
-            row = json.loads(line)
-            (evals if row.get("event") == "eval" else steps).append(row)
+    for line in read_history_text(out).splitlines():
+        row = json.loads(line)
+        (evals if row.get("event") == "eval" else steps).append(row)
     return TrainResult(TrainConfig.from_dict(metrics["config"]), metrics, steps, evals, out)
 
 

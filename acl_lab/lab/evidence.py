@@ -13,8 +13,8 @@ Two stages, so that the published figures can be redrawn without training:
 that the report and every notebook's saved mode (:mod:`acl_lab.lab.source`) read without
 training. It holds the part CSVs, ``plan.json`` (the plan, the exact command, the git commit,
 the machine and the seconds of each part), ``tables.md`` and ``figures/``, and under
-``runs/<run_name>/`` each run's ``config.json``, ``metrics.json``, ``history.jsonl`` and
-``predictions.npz``; the representations (float16, ``rep_samples`` dev samples) only for the
+``runs/<run_name>/`` each run's ``config.json``, ``metrics.json``, ``history.jsonl.gz`` (gzipped; read by
+:func:`acl_lab.result.load_result` like a plain one) and ``predictions.npz``; the representations (float16, ``rep_samples`` dev samples) only for the
 lowest seed of each objective of the single- and multi-exit parts; never checkpoints.
 
 Every objective gets the same data, steps and hyper-parameters (those of ``preset``);
@@ -23,6 +23,7 @@ part are the comparisons of :mod:`acl_lab.lab.plans`, the same configs the noteb
 """
 from __future__ import annotations
 
+import gzip
 import json
 import platform
 import shutil
@@ -43,7 +44,7 @@ PARTS = ("pilot", "single", "gate", "multi", "early", "sensitivity")
 FILES = {"pilot": "pilot_angles.csv", "single": "single_exit.csv", "gate": "acl_grad_gate.csv",
          "multi": "multi_exit.csv", "early": "early_exit.csv", "sensitivity": "sensitivity.csv"}
 #: the run files a pack keeps (checkpoints never; representations for one seed per objective, see module docstring)
-PACK_RUN_FILES = ("config.json", "metrics.json", "history.jsonl", "predictions.npz")
+PACK_RUN_FILES = ("config.json", "metrics.json", "predictions.npz")  # and history.jsonl, gzipped
 REPRESENTATION_PARTS = ("single", "multi")
 
 
@@ -125,8 +126,8 @@ def _save_part(results_dir: Path, part: str, frame: pd.DataFrame) -> Path:
 
 
 def _save_runs(results_dir: Path, results: Iterable, reps_seed: int | None, rep_samples: int) -> None:
-    """Copy each run's small files into the pack, ``results_dir/runs/<run folder>/`` (:data:`PACK_RUN_FILES`),
-    and, for runs of seed ``reps_seed``, its representations shrunk to ``rep_samples`` float16 dev samples.
+    """Copy each run's small files into the pack, ``results_dir/runs/<run folder>/`` (:data:`PACK_RUN_FILES`, and
+    ``history.jsonl`` as ``history.jsonl.gz``: it is most of a pack's size), and, for runs of seed ``reps_seed``, its representations shrunk to ``rep_samples`` float16 dev samples.
 
     The pack's ``runs/`` is an exception in .gitignore (``/results/*/runs/``); other ``runs/`` folders are run
     caches and stay ignored."""
@@ -139,6 +140,8 @@ def _save_runs(results_dir: Path, results: Iterable, reps_seed: int | None, rep_
         for name in PACK_RUN_FILES:
             if (src / name).is_file():
                 shutil.copyfile(src / name, dest / name)
+        if (src / "history.jsonl").is_file():  # mtime 0: the same history gives the same bytes
+            (dest / "history.jsonl.gz").write_bytes(gzip.compress((src / "history.jsonl").read_bytes(), mtime=0))
         reps = src / "representations.safetensors"
         if reps_seed is not None and r.config.seed == reps_seed and reps.is_file():
             shrink_representations(reps, dest / reps.name, rep_samples)
