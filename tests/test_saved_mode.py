@@ -18,6 +18,8 @@ from acl_lab.lab.source import open_source
 
 from conftest import NOTEBOOK_TIMEOUT, SMOKE_PACK_COMMAND, kernel_name
 
+pytestmark = pytest.mark.notebooks  # executes every notebook with papermill (saved mode: no training)
+
 CAPTION = f"saved: smoke preset, 2 seeds, command {SMOKE_PACK_COMMAND}"
 
 
@@ -73,6 +75,18 @@ def test_saved_numbers_are_the_packs(saved_suite, smoke_pack):
     single = results_frame(find_runs(plans.single("smoke", "rt-polarity", seeds=[0, 1]), pack))
     for objective, g in single.groupby("objective"):
         assert metrics["02_acl_finetuning"][f"{objective}.dev_accuracy"] == summarize(g["dev_accuracy"])["mean"]
+    # 02: the paired table, as the library computes it from the same pack runs
+    from acl_lab.analysis.paired import paired_frame
+    runs = find_runs(plans.single("smoke", "rt-polarity", seeds=[0, 1]), pack)
+    groups = {o: {r.config.seed: r for r in runs if r.config.objective == o} for o in ("ce", "ce+scl", "acl-embed", "acl")}
+    paired = paired_frame(groups, plans.paired_pairs("single", list(groups)), splits=["dev", "test"])
+    assert len(paired) == 4 * 2
+    for r in paired.itertuples():
+        key = f"paired.{r.a}-{r.b}.{r.split}"
+        m = metrics["02_acl_finetuning"]
+        assert m[f"{key}.seed_verdict"] == r.seed_verdict and m[f"{key}.example_verdict"] == r.example_verdict
+        for col in ("seed_mean", "seed_low", "seed_high", "example_mean", "example_low", "example_high"):
+            assert m[f"{key}.{col}"] == getattr(r, col) or (math.isnan(m[f"{key}.{col}"]) and math.isnan(getattr(r, col)))
     # 03: the alignment scores of the pack's seed-0 ACL representations
     from acl_lab.analysis.representations import exit_panels
     from acl_lab.evaluate import load_representations
