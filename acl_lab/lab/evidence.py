@@ -213,8 +213,9 @@ def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | P
     meta_path = results_dir / "plan.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     meta.update({"plan": asdict(plan), "machine": _machine(), "commit": _git_commit()})
-    if command:
+    if command:  # the latest, and every command that added to this pack
         meta["command"] = command
+        meta.setdefault("commands", []).append(command)
     meta.setdefault("seconds", {})
     written = {}
     for part in parts:
@@ -388,8 +389,8 @@ def pack_caption(meta: dict[str, Any]) -> str:
     """What a figure of a pack shows: "saved: standard preset, 5 seeds, command ..." (from plan.json)."""
     plan = meta.get("plan") or {}
     seeds = plan.get("seeds") or []
-    return (f"saved: {plan.get('preset', '?')} preset, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}, "
-            f"command {meta.get('command', '?')}")
+    text = f"saved: {plan.get('preset', '?')} preset, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
+    return text + (f", command {meta['command']}" if meta.get("command") else "")
 
 
 def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
@@ -414,13 +415,16 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
     plan = EvidencePlan(**{k: v for k, v in (meta.get("plan") or {}).items() if k in EvidencePlan.__dataclass_fields__})
     caption = pack_caption(meta)
     pack_runs = (results_dir / "runs").is_dir()
+    noted: list[bool] = []  # the note on the paired tables goes above the first one only
 
     def paired(part: str, title: str) -> None:
         if not pack_runs:
             return
         frame = paired_tables(results_dir, plan, part, metric)
         if len(frame):
-            out.extend([f"### {title}: paired differences and verdicts", "", PAIRED_NOTE, "", *_paired_markdown(frame)])
+            note = [] if noted else [PAIRED_NOTE, ""]
+            noted.append(True)
+            out.extend([f"### {title}: paired differences and verdicts", "", *note, *_paired_markdown(frame)])
 
     pilot = _read(results_dir, "pilot")
     if pilot is not None:
