@@ -53,7 +53,11 @@ def caption_figure(fig, caption: str | None) -> None:
     preset, 2 seeds") in small type above the figure's title, once."""
     if not caption or getattr(fig, "_acl_caption", None) == caption:
         return
-    fig.text(0.5, 1.0, caption, ha="center", va="bottom", fontsize=7, color="0.35", wrap=True)
+    import textwrap
+
+    # wrapped by hand: matplotlib's wrap=True confuses bbox_inches="tight" (a tall blank band above the figure)
+    width = max(60, int(fig.get_figwidth() * 18))
+    fig.text(0.5, 1.0, "\n".join(textwrap.wrap(caption, width)), ha="center", va="bottom", fontsize=7, color="0.35")
     fig._acl_caption = caption
 
 
