@@ -57,7 +57,8 @@ def caption_figure(fig, caption: str | None) -> None:
 
     # wrapped by hand: matplotlib's wrap=True confuses bbox_inches="tight" (a tall blank band above the figure)
     width = max(60, int(fig.get_figwidth() * 18))
-    fig.text(0.5, 1.0, "\n".join(textwrap.wrap(caption, width)), ha="center", va="bottom", fontsize=7, color="0.35")
+    lines = textwrap.wrap(caption, width, break_on_hyphens=False)
+    fig.text(0.5, 1.0, "\n".join(lines), ha="center", va="bottom", fontsize=7, color="0.35")
     fig._acl_caption = caption
 
 
