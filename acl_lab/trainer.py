@@ -18,7 +18,7 @@ files and shows progress (README, "Several processes").
 
 Output directory layout::
 
-    config.json  history.jsonl  metrics.json  representations.safetensors
+    config.json  history.jsonl  metrics.json  predictions.npz  representations.safetensors
     checkpoints/best/  checkpoints/last/
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ from .analysis.stats import median
 from .config import CONFLICT_DEGREES, RUNTIME_FIELDS, TrainConfig
 from .data import load_task, make_loader, tokenize
 from .errors import AclLabError, bad_value
-from .evaluate import dump_representations
+from .evaluate import dump_representations, evaluate_with_predictions, save_predictions
 from .evaluate import evaluate as run_evaluation
 from .grad import ACLGrad, Reduce, angle_degrees, gradient_cosines, reduce_grads
 from .locks import one_writer, train_output_dir
@@ -576,10 +576,12 @@ class Trainer:
                                    "steps": state.step, "best_step": state.best_step,
                                    "train_seconds": round(state.train_seconds, 2), "device": str(self.device),
                                    "world_size": dist.world_size()}
-        for split in self.eval_loaders:
-            per_exit = self.evaluate(split)
+        predictions = {}
+        for split, loader in self.eval_loaders.items():  # metrics and per-example predictions from one pass
+            per_exit, predictions[split] = evaluate_with_predictions(self.model, loader, task, self.device)
             metrics[split] = per_exit[-1]
             metrics[f"{split}_per_exit"] = per_exit
+        save_predictions(out / "predictions.npz", predictions, list(self.model.exit_layers))
         metrics["exit_layers"] = list(self.model.exit_layers)
         metrics.update(_summary(history.steps, self.gate is not None))
         metrics["config"] = cfg.to_dict()

@@ -613,8 +613,13 @@ def run_grid(grid: str | Path | Mapping[str, Any], resume: bool = True, progress
 
 def run_suite(preset: str = "quick", output_dir: str | Path | None = None, notebooks: list[str] | None = None,
               kernel_name: str | None = None, resume: bool = True, progress: bool = True,
-              timeout: int | None = None) -> pd.DataFrame:
+              timeout: int | None = None, parameters: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """Run the kit's notebooks in numbered order with ``PRESET=preset`` and one shared artifacts folder.
+
+    ``parameters`` go to every notebook on top, e.g. ``{"SOURCE": "saved"}`` for the classroom mode
+    (the saved pack, no training; give the pack's preset as ``preset``). A notebook whose parameters
+    cell does not declare one of them (notebook 08, the live-only Hugging Face Trainer notebook, has no
+    ``SOURCE``) is left out of that suite, with a line saying so.
 
     ``output_dir`` (default ``outputs/suite-<preset>``) receives the executed copies
     ``<stem>.ipynb``, ``artifacts/`` (the shared ``OUTPUT_DIR`` through which notebooks
@@ -635,7 +640,12 @@ def run_suite(preset: str = "quick", output_dir: str | Path | None = None, noteb
     if kernel not in _kernels():
         raise AclLabError(f"Kernel {kernel!r} is not registered; available: {', '.join(_kernels())}. Fix: run "
                           "scripts/setup.sh (it registers 'acl-lab'), or leave the kernel out.")
-    params = {"PRESET": preset, "OUTPUT_DIR": str(out / "artifacts")}
+    params = {"PRESET": preset, "OUTPUT_DIR": str(out / "artifacts"), **(parameters or {})}
+    extra = set(parameters or {})
+    left_out = [nb for nb in chosen if not extra <= set(declared_parameters(nb))]
+    if left_out and progress:
+        print(f"left out (no {', '.join(sorted(extra))} parameter): {', '.join(nb.stem for nb in left_out)}", flush=True)
+    chosen = [nb for nb in chosen if nb not in left_out]
     specs = [RunSpec(notebook=nb, parameters=params, output_path=out / f"{nb.stem}.ipynb", name=nb.stem)
              for nb in chosen]
 

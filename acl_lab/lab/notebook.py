@@ -49,8 +49,24 @@ def require(path: str | Path, made_by: str) -> Path:
     return path
 
 
-def save_figure(fig, output_dir: str | Path, name: str) -> Path:
-    """Save a matplotlib figure as ``OUTPUT_DIR/figures/<name>.png`` and return the path."""
+def caption_figure(fig, caption: str | None) -> None:
+    """Write ``caption`` (what the figure shows: "saved: standard preset, 5 seeds, command ..." or "live: quick
+    preset, 2 seeds") in small type above the figure's title, once."""
+    if not caption or getattr(fig, "_acl_caption", None) == caption:
+        return
+    import textwrap
+
+    # wrapped by hand: matplotlib's wrap=True confuses bbox_inches="tight" (a tall blank band above the figure)
+    width = max(60, int(fig.get_figwidth() * 18))
+    lines = textwrap.wrap(caption, width, break_on_hyphens=False)
+    fig.text(0.5, 1.0, "\n".join(lines), ha="center", va="bottom", fontsize=7, color="0.35")
+    fig._acl_caption = caption
+
+
+def save_figure(fig, output_dir: str | Path, name: str, caption: str | None = None) -> Path:
+    """Save a matplotlib figure as ``OUTPUT_DIR/figures/<name>.png`` (with :func:`caption_figure`'s ``caption``
+    above it) and return the path."""
+    caption_figure(fig, caption)
     folder = Path(output_dir) / "figures"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
