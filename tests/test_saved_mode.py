@@ -6,7 +6,6 @@ import json
 import math
 
 import nbformat
-import numpy as np
 import pandas as pd
 import pytest
 
