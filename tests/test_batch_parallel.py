@@ -156,16 +156,22 @@ def test_bad_jobs_and_missing_dask_say_what_and_how(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "b").exists()  # nothing ran, nothing written
 
 
-def test_killed_run_process_is_recorded_failed_and_the_batch_completes(tmp_path):
-    """--jobs 2: SIGKILL to the process running X=1 (papermill's, the kernel's parent) mid-run."""
-    import psutil
-
+def held_grid(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A grid of the toy notebook at X=1, 2 whose X=1 run holds while the file ``block`` exists: (grid, out, block)."""
     nbs, block = tmp_path / "nbs", tmp_path / "block"
     block.write_text("X=1 waits while this exists")
     toy_notebook(nbs, hold_at=1, block=block)
     out = tmp_path / "batch"
     grid = write_grid(nbs / "g.yaml", notebooks=["toy.ipynb"], output_dir=str(out), kernel=kernel_name(),
                       timeout=120, grid={"X": [1, 2]})
+    return grid, out, block
+
+
+def test_killed_run_process_is_recorded_failed_and_the_batch_completes(tmp_path):
+    """--jobs 2: SIGKILL to the process running X=1 (papermill's, the kernel's parent) mid-run."""
+    import psutil
+
+    grid, out, block = held_grid(tmp_path)
     pid_file = out / "artifacts" / "X=1" / "smoke" / "toy_pid_X=1"
     pids = {}
 
@@ -230,12 +236,7 @@ def test_dask_worker_killed_mid_run_fails_its_run_and_the_batch_completes(tmp_pa
     import psutil
 
     cluster, client = dask_cluster
-    nbs, block = tmp_path / "nbs", tmp_path / "block"
-    block.write_text("X=1 waits while this exists")
-    toy_notebook(nbs, hold_at=1, block=block)
-    out = tmp_path / "batch"
-    grid = write_grid(nbs / "g.yaml", notebooks=["toy.ipynb"], output_dir=str(out), kernel=kernel_name(),
-                      timeout=120, grid={"X": [1, 2]})
+    grid, out, block = held_grid(tmp_path)
     pid_file = out / "artifacts" / "X=1" / "smoke" / "toy_pid_X=1"
     worker_pids = set(client.run(os.getpid).values())
     pids = {}
@@ -278,12 +279,7 @@ def test_ctrl_c_stops_the_local_runs_and_keeps_the_finished(tmp_path):
 
     import psutil
 
-    nbs, block = tmp_path / "nbs", tmp_path / "block"
-    block.write_text("X=1 waits while this exists")
-    toy_notebook(nbs, hold_at=1, block=block)
-    out = tmp_path / "batch"
-    grid = write_grid(nbs / "g.yaml", notebooks=["toy.ipynb"], output_dir=str(out), kernel=kernel_name(),
-                      timeout=120, grid={"X": [1, 2]})
+    grid, out, block = held_grid(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "acl_lab", "batch", str(grid), "--jobs", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     results, pid_file = out / "results.csv", out / "artifacts" / "X=1" / "smoke" / "toy_pid_X=1"
