@@ -23,7 +23,7 @@ from killing import kill_spec, run_job, trace_job
 from acl_lab.atomic import read_jsonl, restore_folder
 from acl_lab.checkpoint import load_model_weights, load_training_state
 from acl_lab.model import build_model
-from acl_lab.trainer import _optimizer, train
+from acl_lab.trainer import make_optimizer, train
 
 pytestmark = pytest.mark.slow
 SEED = 16
@@ -49,7 +49,7 @@ def _check_left_behind(out: Path, cfg) -> dict:
     finished: dict = {"step": 0}
     if (ckpt / "last").exists():
         model, _ = build_model("tiny", 2, dropout=0.0, seed=cfg.seed)
-        finished["step"] = load_training_state(ckpt / "last", model, _optimizer(model, cfg))["step"]
+        finished["step"] = load_training_state(ckpt / "last", model, make_optimizer(model, cfg))["step"]
     if (ckpt / "best").exists():
         load_model_weights(ckpt / "best", build_model("tiny", 2, seed=cfg.seed)[0])
     for name in ("config.json", "metrics.json"):

@@ -25,7 +25,7 @@ from acl_lab.checkpoint import load_model_weights, load_training_state
 from acl_lab.errors import AclLabError
 from acl_lab.locks import FolderLock
 from acl_lab.model import build_model, load_backbone
-from acl_lab.trainer import _optimizer, train
+from acl_lab.trainer import make_optimizer, train
 
 HOLD = ("import sys, time\nfrom acl_lab.locks import FolderLock\n"
         "with FolderLock(sys.argv[1], sys.argv[2]):\n    print('held', flush=True)\n    time.sleep(120)\n")
@@ -124,7 +124,7 @@ def test_full_disk_stops_training_and_keeps_the_last_checkpoint(tiny_config, tmp
     assert "disk is full or a file-size limit was reached" in status["error"] and "--resume" in status["error"]
     assert "File too large" in status["error"]
     model, _ = build_model("tiny", 2, dropout=0.0)
-    state = load_training_state(out / "checkpoints" / "last", model, _optimizer(model, run))
+    state = load_training_state(out / "checkpoints" / "last", model, make_optimizer(model, run))
     assert state["step"] == 3  # the previous checkpoint is whole and loads
     load_model_weights(out / "checkpoints" / "best", build_model("tiny", 2)[0])
     assert not list(out.glob("**/*.tmp*")) and not (out / "metrics.json").exists()
