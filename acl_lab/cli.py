@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("grid", type=Path, help="the grid YAML file (see notebooks/grids/)")
     p.add_argument("--no-resume", action="store_true", help="run everything again, even runs that completed")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their output paths; execute nothing")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run up to N notebooks at once, each in its own process, with cores/N torch threads each "
+                        "(default: 1, one after another in this process)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="hand each run to the Dask cluster whose scheduler is at ADDRESS, e.g. tcp://host:8786 "
+                        "(needs pip install acl_lab[cluster]; the workers must see the same files)")
 
     p = sub.add_parser("suite", help="run every notebook in order with one preset (restartable)",
                        description="Example: python -m acl_lab suite --preset smoke. Writes the executed notebooks, "
@@ -96,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "(default: all)")
     p.add_argument("--kernel", default=None, help="Jupyter kernel (default: acl-lab if registered, else python3)")
     p.add_argument("--no-resume", action="store_true", help="run every notebook again, even completed ones")
+    p.add_argument("--source", default="live", help="live (train, the default), saved (read the pack "
+                                                    "results/standard, no training: give its --preset standard) "
+                                                    "or a pack folder")
 
     p = sub.add_parser("evidence", help="run the paper's comparisons on the offline tasks and write docs/results "
                                         "(restartable); --report-only redraws the figures from the saved files",
@@ -111,9 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lambdas", default="0.1,1.0", help="sensitivity grid (default: 0.1,1.0)")
     p.add_argument("--runs-home", type=Path, default=Path("outputs/evidence"),
                    help="where runs and checkpoints go (runs/ inside; default: outputs/evidence)")
-    p.add_argument("--results", type=Path, default=Path("docs/results"), help="small files for the docs "
-                                                                             "(default: docs/results)")
-    p.add_argument("--report-only", action="store_true", help="train nothing: redraw figures and tables.md")
+    p.add_argument("--results", "--pack", dest="results", type=Path, default=Path("docs/results"),
+                   help="the results pack: CSVs, plan.json, each run's small files under runs/, tables.md and "
+                        "figures (default: docs/results; the standard pack is results/standard)")
+    p.add_argument("--thresholds", default="60,70,80,90", help="ACL-Grad thresholds of the gate part (degrees)")
+    p.add_argument("--scl-thresholds", default="90", help="thresholds of the gate on CE+SCL's SCL term")
+    p.add_argument("--pilot-objectives", default="ce,ce+scl", help="objectives trained with the angles probed")
+    p.add_argument("--sensitivity-seeds", default="", help="seeds of the sensitivity part (default: --seeds)")
+    p.add_argument("--report-only", action="store_true", help="train nothing: redraw figures and tables.md from "
+                                                             "the pack alone")
     return parser
 
 
@@ -183,7 +198,7 @@ def _cmd_batch(args) -> int:
     from .lab.batch import expand_grid, load_grid, previous_run, run_grid
 
     if not args.dry_run:
-        df = run_grid(args.grid, resume=not args.no_resume)
+        df = run_grid(args.grid, resume=not args.no_resume, jobs=args.jobs, scheduler=args.scheduler)
         return int((df["status"] == "failed").any())
     grid = load_grid(args.grid)
     specs = expand_grid(grid)
@@ -191,8 +206,9 @@ def _cmd_batch(args) -> int:
           f"timeout {grid['timeout'] or 'none'})")
     for i, spec in enumerate(specs, 1):
         done = not args.no_resume and previous_run(spec.notebook, spec.output_path, spec.parameters) is not None
+        after = f"  (after {', '.join(p.parent.name + '/' + p.name for p in spec.after)})" if spec.after else ""
         print(f"[{i}/{len(specs)}] {spec.notebook.name} {spec.name} -> {spec.output_path}"
-              f"{'  (completed: would skip)' if done else ''}")
+              f"{'  (completed: would skip)' if done else ''}{after}")
         print(f"    parameters: {json.dumps(spec.parameters)}")
     return 0
 
@@ -202,7 +218,7 @@ def _cmd_suite(args) -> int:
 
     names = [n.strip() for n in args.notebooks.split(",") if n.strip()] if args.notebooks else None
     df = run_suite(args.preset, output_dir=args.output_dir, notebooks=names, kernel_name=args.kernel,
-                   resume=not args.no_resume)
+                   resume=not args.no_resume, parameters={"SOURCE": args.source} if args.source != "live" else None)
     return int((df["status"] == "failed").any())
 
 
@@ -218,10 +234,19 @@ def _cmd_evidence(args) -> int:
     from .lab.evidence import EvidencePlan, build_report, run_evidence
 
     if not args.report_only:
+        import shlex
+
+        sens_seeds = _numbers(args.sensitivity_seeds, int, "--sensitivity-seeds")
         plan = EvidencePlan(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
                             seeds=_numbers(args.seeds, int, "--seeds"), preset=args.preset,
-                            lambdas=_numbers(args.lambdas, float, "--lambdas"))
-        run_evidence(plan, args.runs_home, args.results, parts=[p.strip() for p in args.parts.split(",") if p.strip()])
+                            lambdas=_numbers(args.lambdas, float, "--lambdas"),
+                            thresholds=_numbers(args.thresholds, float, "--thresholds"),
+                            scl_thresholds=_numbers(args.scl_thresholds, float, "--scl-thresholds"),
+                            pilot_objectives=[o.strip() for o in args.pilot_objectives.split(",") if o.strip()],
+                            part_seeds={"sensitivity": sens_seeds} if sens_seeds else {})
+        command = "python -m acl_lab " + shlex.join(args.argv)
+        run_evidence(plan, args.runs_home, args.results, parts=[p.strip() for p in args.parts.split(",") if p.strip()],
+                     command=command)
     print(f"wrote {build_report(args.results)} and {args.results / 'figures'}/")
     return 0
 
@@ -232,6 +257,7 @@ COMMANDS = {"fetch": _cmd_fetch, "train": _cmd_train, "early-exit": _cmd_early_e
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return COMMANDS[args.command](args) or 0  # batch and suite return 1 when a run failed
     except AclLabError as exc:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import AclLabError, bad_value
+from .losses import ANCHORS  # the anchor sets the contrastive loss knows
 
 SINGLE_EXIT_OBJECTIVES = ("ce", "ce+scl", "acl-embed", "acl")
 MULTI_EXIT_OBJECTIVES = ("me-ce", "me-acl", "me-acl-cl")
@@ -20,7 +22,6 @@ OBJECTIVES = SINGLE_EXIT_OBJECTIVES + MULTI_EXIT_OBJECTIVES
 CONTRASTIVE_OBJECTIVES = ("ce+scl", "acl-embed", "acl", "me-acl", "me-acl-cl")
 EXIT_WEIGHTS = ("uniform", "ascending", "descending")
 ANGLE_SCOPES = ("all", "top-layer", "head", "repr", "screened")
-ANCHORS = ("all", "samples")
 AMP = ("auto", "off", "bf16", "fp16")
 DIST_BACKENDS = ("auto", "gloo", "nccl")  # torch.distributed backends under torchrun ("auto": gloo on CPU, nccl on CUDA)
 POOLINGS = ("cls", "mean")  # exit representation: first token (the paper) or the mean over real tokens
@@ -124,7 +125,11 @@ class TrainConfig:
         if self.dist_backend not in DIST_BACKENDS:
             raise bad_value("dist_backend", self.dist_backend, DIST_BACKENDS, "use 'auto' (gloo on CPU, nccl on CUDA).")
         if self.amp not in AMP:
-            raise bad_value("amp", self.amp, AMP, "use 'auto' (mixed precision on CUDA only).")
+            raise bad_value("amp", self.amp, AMP, "use 'auto' (mixed precision on CUDA only), or bf16 / fp16 "
+                            "to force it (CUDA or CPU).")
+        if not 0 <= self.seed < 2**32:
+            raise bad_value("seed", self.seed, "a whole number in [0, 2**32)", "use a small seed such as 0, 1, 2.")
+        _at_least(self, "weight_decay", 0.0, "weight_decay must be >= 0 (0.01 is usual).")
         _at_least(self, "lam", 0.0, "lambda must be >= 0; use 0 to switch the contrastive term off.")
         _at_least(self, "mu", 0.0, "mu must be >= 0; use 0 to switch the cross-layer term off.")
         if not self.temperature > 0:
@@ -158,11 +163,16 @@ class TrainConfig:
     def to_json(self, path: str | Path | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            from .atomic import write_text
+
+            write_text(path, text + "\n")
         return text
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        if not isinstance(data, dict):
+            raise AclLabError(f"A config must be a mapping of field names to values, not {type(data).__name__}. "
+                              "Fix: write it as a JSON object, e.g. {\"task\": \"rt-polarity\", \"lam\": 0.1}.")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -178,7 +188,11 @@ class TrainConfig:
         if p is not None:
             if not p.is_file():
                 raise AclLabError(f"Config file {str(p)!r} does not exist. Fix: check the path.")
-            text = p.read_text()
+            try:
+                text = p.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise AclLabError(f"Config file {str(p)!r} is not UTF-8 text ({exc.reason} at byte {exc.start}). "
+                                  "Fix: repair or delete it.") from None
         else:
             text = str(path_or_text)
         try:
@@ -215,6 +229,9 @@ def _check_types(cfg: TrainConfig) -> None:
             ok = True  # an int is fine where a float is expected
         else:
             ok = isinstance(value, allowed)
+        if ok and isinstance(value, float) and not math.isfinite(value):
+            raise AclLabError(f"Config field {f.name!r} is {value!r}; it must be a finite number. "
+                              f"Fix: give {f.name} a real value (see the defaults in TrainConfig).")
         if not ok:
             names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
             raise AclLabError(

@@ -170,6 +170,9 @@ def _read_tsv(spec: TaskSpec, path: Path) -> pd.DataFrame:
             df = pd.read_csv(path, header=0 if spec.tsv_header else None, **read_kw)
         except pd.errors.EmptyDataError:
             df = pd.DataFrame()
+        except UnicodeDecodeError as exc:
+            raise AclLabError(f"GLUE file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}). Fix: "
+                              f"re-download GLUE's original {spec.glue_dir} files, or save the file as UTF-8.") from None
     bad_lines = sorted(int(m.group(1)) for w in caught
                        if (m := re.search(r"Skipping line (\d+)", str(w.message))))
     if df.empty and not bad_lines:

@@ -163,12 +163,13 @@ def sweep(model: MultiExitClassifier, loader, task: TaskSpec, criterion: str, th
 
 
 def sweep_run(run_dir: str | Path, settings: dict[str, list[float]], split: str = "dev", batch_size: int = 64,
-              repeats: int = 2, device: str = "auto") -> pd.DataFrame:
+              repeats: int = 2, device: str = "auto", max_samples: int | None = None) -> pd.DataFrame:
     """Early-exit sweep of a finished multi-exit run's best checkpoint on ``split``.
 
     ``settings`` maps a criterion to its thresholds, e.g. ``{"entropy": [0.1, 0.3],
     "patience": [1, 2]}``. Returns the rows of :func:`acl_lab.early_exit.sweep` for
-    every criterion, with ``objective``, ``seed`` and ``run`` columns.
+    every criterion, with ``objective``, ``seed``, ``batch_size`` and ``run`` columns. ``max_samples`` keeps the
+    split's first samples only (e.g. for a batch-size-1 latency sweep, which costs a pass per sample).
     """
     import pandas as pd
 
@@ -184,7 +185,8 @@ def sweep_run(run_dir: str | Path, settings: dict[str, list[float]], split: str 
                      seed=cfg.seed)
     if split not in data:
         raise AclLabError(f"Split {split!r} is not in task {cfg.task!r}; available: {', '.join(data)}.")
-    enc = tokenize(type(data)({split: data[split]}), tokenizer, cfg.max_length)
+    part = data[split] if max_samples is None else data[split].select(range(min(max_samples, len(data[split]))))
+    enc = tokenize(type(data)({split: part}), tokenizer, cfg.max_length)
     loader = make_loader(enc[split], tokenizer, batch_size, shuffle=False)
     # one discarded pass over one batch first, so one-off costs (allocations, kernel selection) miss the timings
     sweep(model, [next(iter(loader))], task, "patience", [0], get_device(device), repeats=1)
@@ -194,5 +196,6 @@ def sweep_run(run_dir: str | Path, settings: dict[str, list[float]], split: str 
     df = pd.DataFrame(rows)
     df.insert(0, "objective", cfg.objective)
     df.insert(1, "seed", cfg.seed)
+    df.insert(2, "batch_size", batch_size)
     df["run"] = str(run_dir)
     return df

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from .atomic import target
 from .errors import AclLabError
 from .model import MultiExitClassifier
 from .tasks import TaskSpec, compute_metrics
@@ -52,8 +53,45 @@ def predictions(logits: np.ndarray, task: TaskSpec) -> np.ndarray:
 
 def evaluate(model: MultiExitClassifier, loader, task: TaskSpec, device: torch.device) -> list[dict[str, float]]:
     """Metrics of every exit, in layer order."""
+    return evaluate_with_predictions(model, loader, task, device)[0]
+
+
+def evaluate_with_predictions(model: MultiExitClassifier, loader, task: TaskSpec, device: torch.device
+                              ) -> tuple[list[dict[str, float]], dict[str, np.ndarray]]:
+    """Metrics of every exit and the predictions they come from, from ONE pass over ``loader``.
+
+    Returns ``(per_exit_metrics, {"labels": [N], "predictions": [exits, N]})``; the
+    predictions are what the paired tests over examples (:mod:`acl_lab.analysis.paired`) compare.
+    """
     out = collect_outputs(model, loader, device)
-    return [compute_metrics(task, predictions(lg, task), out["labels"]) for lg in out["logits"]]
+    preds = np.stack([predictions(lg, task) for lg in out["logits"]])
+    return [compute_metrics(task, p, out["labels"]) for p in preds], {"labels": out["labels"], "predictions": preds}
+
+
+def _small(values: np.ndarray) -> np.ndarray:
+    """Class ids as the smallest integer type that holds them (int8 for up to 127 classes); floats as float32."""
+    values = np.asarray(values)
+    if not np.issubdtype(values.dtype, np.integer):
+        return values.astype(np.float32)
+    for kind in (np.int8, np.int16, np.int32):
+        if values.size == 0 or (values.min() >= np.iinfo(kind).min and values.max() <= np.iinfo(kind).max):
+            return values.astype(kind)
+    return values.astype(np.int64)
+
+
+def save_predictions(path: str | Path, by_split: dict[str, dict[str, np.ndarray]], exit_layers: list[int]) -> Path:
+    """Write ``predictions.npz``: for each split ``<split>.labels`` [N] and ``<split>.predictions`` [exits, N]
+    (small integer arrays, in the split's order), and ``exit_layers``. Read it with
+    :func:`acl_lab.result.load_predictions`."""
+    arrays = {"exit_layers": np.asarray(exit_layers, dtype=np.int8)}
+    for split, d in by_split.items():
+        arrays[f"{split}.labels"] = _small(d["labels"])
+        arrays[f"{split}.predictions"] = _small(d["predictions"])
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    tmp.replace(path)
+    return path
 
 
 def dump_representations(model: MultiExitClassifier, loader, device: torch.device, path: str | Path,
@@ -71,8 +109,30 @@ def dump_representations(model: MultiExitClassifier, loader, device: torch.devic
         tensors[f"label_embeddings.{layer}"] = model.label_embeddings(i).detach().float().cpu().contiguous()
     meta = {"label_names": ",".join(label_names), "layers": ",".join(map(str, model.exit_layers))}
     path = Path(path)
-    save_file(tensors, str(path), metadata=meta)
+    with target(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
     return path
+
+
+def shrink_representations(src: str | Path, dest: str | Path, max_samples: int = 400) -> Path:
+    """A small copy of a representation dump for the results pack: the first ``max_samples`` dev samples, float16.
+
+    Same keys and metadata as :func:`dump_representations`, so :func:`load_representations`
+    (which returns float32) reads either.
+    """
+    from safetensors import safe_open
+
+    with safe_open(str(src), "pt") as f:
+        meta = f.metadata() or {}
+    tensors = load_file(str(src))
+    small = {}
+    for key, t in tensors.items():
+        if not key.startswith("label_embeddings."):
+            t = t[:max_samples]
+        small[key] = (t.half() if t.is_floating_point() else t).contiguous()
+    dest = Path(dest)
+    save_file(small, str(dest), metadata=meta)
+    return dest
 
 
 def load_representations(path: str | Path) -> dict:
@@ -91,7 +151,7 @@ def load_representations(path: str | Path) -> dict:
         "layers": layers,
         "label_names": meta.get("label_names", "").split(","),
         "labels": t["labels"].numpy(),
-        "reps": {k: t[f"reps.{k}"].numpy() for k in layers},
-        "logits": {k: t[f"logits.{k}"].numpy() for k in layers},
-        "label_embeddings": {k: t[f"label_embeddings.{k}"].numpy() for k in layers},
+        "reps": {k: t[f"reps.{k}"].float().numpy() for k in layers},
+        "logits": {k: t[f"logits.{k}"].float().numpy() for k in layers},
+        "label_embeddings": {k: t[f"label_embeddings.{k}"].float().numpy() for k in layers},
     }

@@ -29,9 +29,7 @@ process: the exact scope and the ``"params"`` scope average the two gradient
 sets (g_CE and g_aux, in one flat all-reduce) before the cosine; the
 ``"repr"`` scope, whose tensors are per-process shards of the global batch,
 averages the three partial sums <a, b>, ||a||^2, ||b||^2 (a cosine is
-invariant to the common 1/W factor); the ``"screened"`` scope does both, on its
-cheap and its exact path, so its calibration pairs, and hence its decisions, are
-the same on every process. What ``ACLGrad.backward`` adds to
+invariant to the common 1/W factor). What ``ACLGrad.backward`` adds to
 ``.grad`` is then the global (averaged) gradient, so the caller must not
 all-reduce it again (with DDP: run the step under ``no_sync()``).
 """
@@ -42,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+
 import torch
 from torch import Tensor
 
@@ -394,14 +393,14 @@ class ACLGrad:
         if scope != "params" and scope_params is not None:
             raise bad_value("scope_params", "given", "None unless scope='params'",
                             f"drop scope_params or use scope='params' (scope is {scope!r})")
-        if screen is not None and scope != "screened":
-            raise bad_value("screen", "given", "None unless scope='screened'",
-                            f"drop screen or use scope='screened' (scope is {scope!r})")
-        self.screen = (screen or ScreenRule()) if scope == "screened" else None
         self.lam = float(lam)
         self.threshold = float(threshold)
         self.scope = scope
         self.reduce = reduce
+        if screen is not None and scope != "screened":
+            raise bad_value("screen", "given", "None unless scope='screened'",
+                            f"drop screen or use scope='screened' (scope is {scope!r})")
+        self.screen = (screen or ScreenRule()) if scope == "screened" else None
 
     def restore(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """On resume: rebuild the screened calibration from the logged step rows (a no-op for other scopes)."""
@@ -448,8 +447,8 @@ class ACLGrad:
             return self._backward_screened(ce, aux, list(scope_tensors))
         if self.scope == "all":
             return self._record(self._backward_all(ce, aux), "exact")
-        inputs = self.scope_params if self.scope == "params" else list(scope_tensors)
-        return self._record(self._backward_cheap(ce, aux, inputs), "cheap")
+        cos = self._backward_cheap(ce, aux, self.scope_params if self.scope == "params" else list(scope_tensors))
+        return self._record(cos, "cheap")
 
     def _keep(self, cos: float) -> bool:
         """Keep the aux term when the angle <= threshold, or when the cosine is not finite (NaN)."""
@@ -465,8 +464,8 @@ class ACLGrad:
     def _backward_screened(self, ce: Tensor, aux: Tensor, reps: Sequence[Tensor]) -> GateRecord:
         """The ``repr`` cosine first; it decides outside the margin, else the exact path (and calibrates).
 
-        With ``reduce`` the cheap cosine reduces its partial sums (per-process shards, as ``"repr"``) and the
-        exact path averages the gradients (as ``"all"``), so every process observes the same pairs.
+        With ``reduce`` the cheap cosine reduces its partial sums like ``"repr"`` and the exact path
+        averages the two gradient sets like ``"all"``, so every process takes the same path and decision.
         """
         cheap_cos = _cosine(_grads(ce, reps, True), _grads(aux, reps, True), self.reduce)
         cheap_angle = angle_degrees(cheap_cos)

@@ -40,6 +40,28 @@ class ExitOutputs:
 
 
 @contextlib.contextmanager
+def _pickle_free():
+    """Force ``torch.load`` to ``weights_only=True`` while a model loads (tensors only, no code).
+
+    A folder or hub repo that holds only a pickle checkpoint (``pytorch_model.bin``) can carry
+    code that runs on load; with this, such a file loads if it holds plain tensors and is refused
+    otherwise, whatever the transformers version passes to ``torch.load``.
+    """
+    import os
+
+    key = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+    old = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
+@contextlib.contextmanager
 def _quiet_transformers():
     """Silence transformers' load report (e.g. MiniLM's unused pooler weights) while loading."""
     from transformers.utils import logging as hf_logging
@@ -63,7 +85,9 @@ def load_backbone(name: str, seed: int = 0):
     see :mod:`acl_lab.assets`); ``tiny`` is a randomly initialised 4-layer BERT of
     width 32 built from a config with the MiniLM tokenizer, for fast tests and the
     ``smoke`` preset. Any other name is a local Hugging Face folder or a hub id
-    (``bert-base-uncased``, ``roberta-base``...), which needs internet access.
+    (``bert-base-uncased``, ``roberta-base``...), which needs internet access. Those load
+    without remote code (``trust_remote_code=False``) and, for a pickle checkpoint
+    (``pytorch_model.bin``), with ``torch.load(weights_only=True)``: tensors load, code is refused.
     """
     from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
 
@@ -90,13 +114,15 @@ def load_backbone(name: str, seed: int = 0):
     ref = str(path) if path.is_dir() else name
     # offline: a hub id can still load from the local Hugging Face cache, without minutes of retries
     local_only = not path.is_dir() and hub_unreachable_reason() is not None
+    # never run code shipped with a model (trust_remote_code=False: a config's auto_map is ignored or refused)
+    safe = dict(local_files_only=local_only, trust_remote_code=False)
     try:
-        with _quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(ref, local_files_only=local_only)
+        with _quiet_transformers(), _pickle_free():
+            tokenizer = AutoTokenizer.from_pretrained(ref, **safe)
             try:
-                encoder = AutoModel.from_pretrained(ref, add_pooling_layer=False, local_files_only=local_only)
+                encoder = AutoModel.from_pretrained(ref, add_pooling_layer=False, **safe)
             except TypeError:
-                encoder = AutoModel.from_pretrained(ref, local_files_only=local_only)
+                encoder = AutoModel.from_pretrained(ref, **safe)
     except Exception as exc:  # hub unreachable, unknown id, broken folder
         why = f"the hub is unreachable: {hub_unreachable_reason()}, and it is not in the local cache" if local_only \
             else f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"

@@ -3,7 +3,9 @@
 The loss of every objective splits into a cross-entropy part and an auxiliary
 (contrastive) part, ``total = ce + aux``; ACL-Grad gates ``aux`` against ``ce``.
 The weights lambda and mu are folded into ``aux`` here, so the gate compares
-directions and the update is ``g_ce + lambda_t * g_aux`` with ``lambda_t`` in {0, 1}.
+directions and the update is ``g_ce + lambda_t * g_aux`` with ``lambda_t`` in {0, 1}
+(the gate's own multiplier; the trainer logs ``lam_t = lambda * lambda_t``, the lambda
+actually applied).
 
 Multi-exit (``me-*``): ``ce = sum_k w_k CE_k / sum_k w_k``;
 ``aux = lambda * sum_k w_k ACLEmbed_k / sum_k w_k + mu * mean_{k<K} ACLCL_k``.

@@ -18,7 +18,7 @@ files and shows progress (README, "Several processes").
 
 Output directory layout::
 
-    config.json  history.jsonl  metrics.json  representations.safetensors
+    config.json  history.jsonl  metrics.json  predictions.npz  representations.safetensors
     checkpoints/best/  checkpoints/last/
 """
 from __future__ import annotations
@@ -39,19 +39,21 @@ from typing import Any, Callable
 import torch
 
 from . import distributed as dist
+from .atomic import append_line, read_jsonl, restore_folder, write_json, write_text
 from .checkpoint import load_model_weights, load_training_state, rng_state, save_checkpoint, set_rng_state
 from .analysis.stats import median
 from .config import CONFLICT_DEGREES, RUNTIME_FIELDS, TrainConfig
 from .data import load_task, make_loader, tokenize
 from .errors import AclLabError, bad_value
-from .evaluate import dump_representations
+from .evaluate import dump_representations, evaluate_with_predictions, save_predictions
 from .evaluate import evaluate as run_evaluation
 from .grad import ACLGrad, Reduce, angle_degrees, gradient_cosines, reduce_grads
+from .locks import one_writer, train_output_dir
 from .model import MultiExitClassifier, build_model
 from .objectives import compute_losses, probe_losses
 from .result import RUN_FILES, TrainResult, load_result
 from .tasks import TaskSpec, get_task
-from .utils import amp_dtype, autocast, get_device, set_seed
+from .utils import amp_dtype, autocast, get_device, grad_scaler, set_seed
 
 EVAL_BATCH_SIZE = 64
 
@@ -102,7 +104,6 @@ def prepare_output_dir(cfg: TrainConfig, resume: bool, overwrite: bool) -> Path:
     except OSError as exc:
         raise AclLabError(f"Output directory {str(out)!r} is not writable ({exc.strerror or exc}). "
                           "Fix: choose another --output-dir (or OUTPUT_DIR) that you can write to.") from None
-    old_cfg = out / "config.json"
     if overwrite:
         for name in RUN_FILES:
             p = out / name
@@ -111,11 +112,7 @@ def prepare_output_dir(cfg: TrainConfig, resume: bool, overwrite: bool) -> Path:
             elif p.exists():
                 p.unlink()
         return out
-    if old_cfg.exists():
-        try:
-            old = json.loads(old_cfg.read_text())
-        except json.JSONDecodeError:
-            old = {}
+    for old in _stored_configs(out):
         if _comparable(old) != _comparable(cfg.to_dict()):
             diff = sorted(k for k in set(old) | set(cfg.to_dict()) if k not in RUNTIME_FIELDS
                           and old.get(k) != cfg.to_dict().get(k))
@@ -129,6 +126,30 @@ def prepare_output_dir(cfg: TrainConfig, resume: bool, overwrite: bool) -> Path:
                 "Fix: pass --resume (resume=True) to continue or reuse it, or --overwrite (overwrite=True) to start again."
             )
     return out
+
+
+def _stored_configs(out: Path) -> list[dict]:
+    """The configs a run folder records: config.json, and the one inside metrics.json once finished.
+
+    Both must match a run that resumes, so a config.json edited by hand cannot pass off a
+    finished run's metrics as those of another config. A damaged file is refused.
+    """
+    found = []
+    for path in (out / "config.json", out / "metrics.json"):
+        if not path.exists():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, OSError):
+            data = None
+        if isinstance(data, dict) and path.name == "metrics.json":
+            data = data.get("config")
+        if not isinstance(data, dict):
+            raise AclLabError(f"{str(path)!r} is damaged (not the JSON object acl_lab wrote). Fix: restore it, or "
+                              "delete it and run again with --resume (the checkpoints are kept), or pass --overwrite "
+                              "(overwrite=True) to start that run again.")
+        found.append(data)
+    return found
 
 
 # ---------------------------------------------------------------------------
@@ -184,19 +205,17 @@ class _History:
         self.steps: list[dict] = []
         self.evals: list[dict] = []
         if keep_until is not None and path.exists():
-            for line in path.read_text().splitlines():
-                row = json.loads(line)
-                if row["step"] <= keep_until:
+            for row in read_jsonl(path):  # a torn last line (a kill mid-append) is dropped
+                if isinstance(row.get("step"), int) and row["step"] <= keep_until:
                     (self.evals if row.get("event") == "eval" else self.steps).append(row)
         rows = sorted(self.steps + self.evals, key=lambda r: (r["step"], r.get("event") == "eval"))
         if dist.is_main():
-            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def add(self, row: dict) -> None:
         (self.evals if row.get("event") == "eval" else self.steps).append(row)
         if dist.is_main():
-            with open(self.path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_line(self.path, json.dumps(row))
 
 
 def _summary(history: list[dict], gated: bool) -> dict[str, Any]:
@@ -284,6 +303,9 @@ class Trainer:
         self.on_step: list[Hook] = []
         self.on_eval: list[Hook] = []
         self.output_dir = _on_main(prepare_output_dir, cfg, resume, overwrite)
+        if dist.is_main():
+            for folder in ("last", "best"):
+                restore_folder(self.output_dir / "checkpoints" / folder)  # undo a checkpoint swap cut short by a kill
         self.finished: TrainResult | None = None
         if resume and (self.output_dir / "metrics.json").exists():
             self.finished = load_result(self.output_dir)  # already finished: fit() returns it, nothing is built
@@ -316,7 +338,7 @@ class Trainer:
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
         self.optimizer = make_optimizer(self.model, cfg)
         self.scheduler = make_scheduler(self.optimizer, self.total_steps, cfg.warmup_ratio)
-        self.scaler = torch.amp.GradScaler("cuda") if self.dtype == torch.float16 else None
+        self.scaler = grad_scaler(self.device, self.dtype)
         reduce = dist.all_reduce_mean if dist.is_distributed() else None
         self.gate: ACLGrad | None = make_gate(self.model, cfg, reduce) if cfg.use_acl_grad else None
         self.state = TrainState()
@@ -554,17 +576,19 @@ class Trainer:
                                    "steps": state.step, "best_step": state.best_step,
                                    "train_seconds": round(state.train_seconds, 2), "device": str(self.device),
                                    "world_size": dist.world_size()}
-        for split in self.eval_loaders:
-            per_exit = self.evaluate(split)
+        predictions = {}
+        for split, loader in self.eval_loaders.items():  # metrics and per-example predictions from one pass
+            per_exit, predictions[split] = evaluate_with_predictions(self.model, loader, task, self.device)
             metrics[split] = per_exit[-1]
             metrics[f"{split}_per_exit"] = per_exit
+        save_predictions(out / "predictions.npz", predictions, list(self.model.exit_layers))
         metrics["exit_layers"] = list(self.model.exit_layers)
         metrics.update(_summary(history.steps, self.gate is not None))
         metrics["config"] = cfg.to_dict()
         if not task.is_regression:
             dump_representations(self.model, self.eval_loaders["dev"], self.device, out / "representations.safetensors",
                                  list(task.label_names))
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        write_json(out / "metrics.json", metrics, indent=2)
         self._result = TrainResult(cfg, metrics, history.steps, history.evals, out)
 
 
@@ -572,6 +596,7 @@ class Trainer:
 # the one-call entry point
 # ---------------------------------------------------------------------------
 
+@one_writer("train", train_output_dir)  # one writer per output folder (acl_lab.locks)
 def train(config: TrainConfig | dict, resume: bool = False, overwrite: bool = False,
           progress: bool = True) -> TrainResult:
     """Fine-tune a model as ``config`` says; return metrics, history and paths (see module docstring).

@@ -150,16 +150,16 @@ def run_acl_lab(args, work: Path, tag: str, grouped: bool = False) -> dict:
     cpu: list[float] = []
     lengths: list[int] = []
     trainer = Trainer(cfg, overwrite=True, progress=False)
-    step = trainer.step
+    inner = trainer.step  # the public step, timed from outside
 
-    def timed_step(batches):
-        row = step(batches)
+    def timed_step(group):
+        row = inner(group)
         stamps.append(time.perf_counter())
         cpu.append(time.process_time())
-        lengths.append(int(batches[0]["input_ids"].shape[1]))
+        lengths.append(int(group[0]["input_ids"].shape[1]))
         return row
 
-    trainer.step = timed_step  # fit() calls self.step(group) once per optimizer step
+    trainer.step = timed_step
     result = trainer.fit()
     shutil.rmtree(work / f"acl-ce-{tag}", ignore_errors=True)
     w, n = args.warm_steps, args.steps

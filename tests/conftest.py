@@ -88,3 +88,27 @@ def notebook_result(suite: dict, stem: str) -> dict:
                     "shows the cell)")
     assert rec["metrics"] is not None, f"{stem}.ipynb wrote no OUTPUT_DIR/metrics/{stem}.json"
     return rec
+
+
+# ---------------------------------------------------------------------------
+# a small results pack: the evidence pipeline at the smoke preset (tiny model), once per session
+# ---------------------------------------------------------------------------
+SMOKE_PACK_COMMAND = ("python -m acl_lab evidence --preset smoke --tasks rt-polarity --seeds 0,1 --lambdas 0.1,1.0 "
+                      "--thresholds 60,90 (test fixture)")
+
+
+@pytest.fixture(scope="session")
+def smoke_pack(tmp_path_factory):
+    """(plan, root): every evidence part on rt-polarity with 2 seeds, runs in root/home, the pack in root/pack
+    (report built). Shared by the evidence tests and the saved-mode notebook tests."""
+    import torch
+
+    from acl_lab.lab.evidence import EvidencePlan, build_report, run_evidence
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("pack")
+    plan = EvidencePlan(tasks=["rt-polarity"], seeds=[0, 1], preset="smoke", lambdas=[0.1, 1.0],
+                        thresholds=[60.0, 90.0], latency_samples=16)
+    run_evidence(plan, root / "home", root / "pack", progress=False, command=SMOKE_PACK_COMMAND)
+    build_report(root / "pack")
+    return plan, root

@@ -16,7 +16,7 @@ from acl_lab.trainer import load_result, train
 
 
 def test_unknown_preset():
-    with pytest.raises(AclLabError, match=r"PRESET 'fast'.*'smoke', 'quick', 'full'.*Fix"):
+    with pytest.raises(AclLabError, match=r"PRESET 'fast'.*'smoke', 'quick', 'standard', 'full'.*Fix"):
         preset_config("fast")
 
 

@@ -11,17 +11,13 @@ from acl_lab.lab.evidence import FILES, PARTS, EvidencePlan, build_report, run_e
 
 
 @pytest.fixture(scope="module")
-def evidence(tmp_path_factory):
-    root = tmp_path_factory.mktemp("evidence")
-    plan = EvidencePlan(tasks=["rt-polarity"], seeds=[0, 1], preset="smoke", lambdas=[0.1, 1.0],
-                        exit_settings={"entropy": [0.5, 0.9]})
-    run_evidence(plan, root / "home", root / "results", progress=False)
-    return plan, root
+def evidence(smoke_pack):
+    return smoke_pack  # conftest: every part on rt-polarity, 2 seeds, smoke preset; the pack in root / "pack"
 
 
 def test_every_part_writes_its_table(evidence):
     plan, root = evidence
-    res = root / "results"
+    res = root / "pack"
     pilot = pd.read_csv(res / FILES["pilot"])
     assert set(pilot["probe"]) == {"CE vs SCL", "CE vs ACL-Embed"} and set(pilot["seed"]) == {0, 1}
     assert pilot["angle"].between(0, 180).all()
@@ -33,33 +29,54 @@ def test_every_part_writes_its_table(evidence):
     assert set(multi["split"]) == {"dev", "test"} and set(multi["objective"]) == {"me-ce", "me-acl", "me-acl-cl"}
     assert len(multi) == 3 * 2 * 2 * multi["layer"].nunique()
     early = pd.read_csv(res / FILES["early"])
-    assert set(early["objective"]) == {"me-ce", "me-acl-cl"} and set(early["criterion"]) == {"entropy"}
+    assert set(early["objective"]) == {"me-ce", "me-acl-cl"} and set(early["criterion"]) == {"entropy", "patience"}
+    assert set(early["batch_size"]) == {64, 1}
+    assert (early["batch_size"] == 1).sum() == (early["batch_size"] == 64).sum()  # same settings, both batch sizes
+    gate = pd.read_csv(res / FILES["gate"])
+    assert sorted(gate["threshold"].unique()) == [60.0, 90.0] and len(gate) == 2 * 2 + 2  # acl at 60/90, ce+scl gated
+    assert gate["acl_grad"].all() and gate["drop_rate"].notna().all()
+    assert set(pilot["objective"]) == {"ce", "ce+scl"}
     sens = pd.read_csv(res / FILES["sensitivity"])
     assert sorted(sens["lam"].unique()) == [0.1, 1.0] and len(sens) == 2 * 2 * 2
 
 
 def test_tables_match_the_saved_run_metrics_and_runs_are_shared(evidence):
     plan, root = evidence
-    res = root / "results"
+    res = root / "pack"
     single = pd.read_csv(res / FILES["single"])
     for row in single.itertuples():
-        saved = [json.loads(p.read_text()) for p in (res / "run_metrics" / "rt-polarity").glob(f"{row.objective}-s{row.seed}-*.json")]
+        saved = [json.loads(p.read_text()) for p in (res / "runs").glob(f"{row.objective}-s{row.seed}-*/metrics.json")]
         assert any(m["dev"]["accuracy"] == row.dev_accuracy and m["config"]["lam"] == 0.1 for m in saved)
     # lambda 0.1 of the sensitivity part is the single-exit run itself (same config, same folder): same numbers
     sens = pd.read_csv(res / FILES["sensitivity"])
     a = sens[sens["lam"] == 0.1].set_index(["objective", "seed"])["dev_accuracy"].sort_index()
     b = single[single["objective"].isin(["ce+scl", "acl"])].set_index(["objective", "seed"])["dev_accuracy"].sort_index()
     assert a.equals(b)
-    folders = list((root / "home" / "runs").iterdir())
-    assert len(folders) == 2 + 8 + 6 + 4  # pilot, single, multi (early reuses them), sensitivity at lambda 1 only
+    folders = sorted(p.name for p in (root / "home" / "runs").iterdir())
+    # pilot (ce, ce+scl), single, gate (acl at 60; acl at 90 is single's; gated ce+scl), multi (early reuses
+    # them), sensitivity at lambda 1 only
+    assert len(folders) == 4 + 8 + 4 + 6 + 4
+    # the pack holds the same runs, without checkpoints; representations for the lowest seed of single/multi only
+    assert sorted(p.name for p in (res / "runs").iterdir()) == folders
+    assert not list((res / "runs").rglob("checkpoints"))
+    reps = sorted((c["objective"], c["seed"], c["probe_angles"]) for c in
+                  (json.loads((p.parent / "config.json").read_text()) for p in (res / "runs").rglob("representations.*")))
+    assert reps == sorted((o, 0, False) for o in ("ce", "ce+scl", "acl-embed", "acl", "me-ce", "me-acl", "me-acl-cl"))
+    from acl_lab.evaluate import load_representations
+    dump = load_representations(next((res / "runs").rglob("representations.safetensors")))
+    assert all(v.dtype.name == "float32" and len(v) <= 400 for v in dump["reps"].values())
 
 
 def test_report_is_rebuilt_from_files_alone(evidence):
     plan, root = evidence
-    res = root / "results"
+    res = root / "pack"
     first = build_report(res).read_text()
-    for part in ("Pilot study", "Single-exit", "Multi-exit", "Early exit", "Sensitivity"):
+    for part in ("Pilot study", "Single-exit", "ACL-Grad where it acts", "Multi-exit", "Early exit", "Sensitivity"):
         assert f"## {part}" in first
+    assert "### Single exit: paired differences and verdicts" in first and "acl \u2212 ce+scl:" in first
+    figures = sorted(p.name for p in (res / "figures").glob("*.png"))
+    import hashlib
+    digests = {p.name: hashlib.sha1(p.read_bytes()).hexdigest() for p in (res / "figures").glob("*.png")}
     for name in ("pilot_rt-polarity", "multi_exit_rt-polarity", "early_exit_rt-polarity", "sensitivity_rt-polarity"):
         assert (res / "figures" / f"{name}.png").stat().st_size > 5000
     # without the training runs (checkpoints) the report is the same
@@ -67,7 +84,8 @@ def test_report_is_rebuilt_from_files_alone(evidence):
     shutil.rmtree(root / "home")
     shutil.rmtree(res / "figures")
     assert build_report(res).read_text() == first
-    assert (res / "figures" / "pilot_rt-polarity.png").exists()
+    assert sorted(p.name for p in (res / "figures").glob("*.png")) == figures
+    assert {p.name: hashlib.sha1(p.read_bytes()).hexdigest() for p in (res / "figures").glob("*.png")} == digests
 
 
 def test_single_table_is_mean_and_sd_over_seeds(evidence):

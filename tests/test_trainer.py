@@ -160,63 +160,6 @@ def test_probe_every_must_be_positive(tiny_config):
         tiny_config.replace(probe_every=0).validate()
 
 
-def _quick_screen(monkeypatch):
-    """Build the trainer's screened gate with a 2-pair warm-up, so a short tiny run takes both paths."""
-    from acl_lab import trainer as trainer_mod
-    from acl_lab.grad import ACLGrad, ScreenRule
-
-    def make_gate(model, cfg, reduce=None):
-        params = [p for p in model.parameters() if p.requires_grad]
-        return ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope="screened", reduce=reduce,
-                       screen=ScreenRule(warmup=2, quantile=0.5, slack=0.0, floor=0.5))
-
-    monkeypatch.setattr(trainer_mod, "make_gate", make_gate)
-
-
-def _fit_interrupted_after(cfg, step: int) -> None:
-    """Ctrl-C (a real SIGINT) during step ``step``'s hook: the trainer saves a resumable checkpoint and stops."""
-    from acl_lab.trainer import Trainer
-
-    trainer = Trainer(cfg, progress=False)
-    trainer.on_step.append(lambda _t, row: signal.raise_signal(signal.SIGINT) if row["step"] == step else None)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.fit()
-
-
-def test_screened_gate_logs_both_paths_and_resumes_its_calibration(tiny_config, tmp_path, monkeypatch):
-    """history.jsonl holds path and angles of every screened decision; a resumed run rebuilds the margin from it."""
-    _quick_screen(monkeypatch)
-    cfg = tiny_config.replace(objective="acl", angle_scope="screened", max_steps=12, eval_every=4, threshold=60.0)
-    full = train(cfg.replace(output_dir=str(tmp_path / "full")), progress=False)
-    rows = full.history
-    paths = [bool(r["exact_path"]) for r in rows]
-    assert paths[:2] == [True, True] and not all(paths), paths  # warm-up exact, then some cheap decisions
-    for r in rows:
-        assert r["kept"] == (r["angle"] <= 60.0) and 0 <= r["cheap_angle"] <= 180
-        assert (r["exact_angle"] == r["angle"]) if r["exact_path"] else (r["exact_angle"] != r["exact_angle"])
-    assert rows[0]["margin"] == float("inf") and all(r["margin"] >= 0.5 for r in rows[2:])
-
-    cut = cfg.replace(output_dir=str(tmp_path / "cut"))
-    _fit_interrupted_after(cut, 5)
-    resumed = train(cut, resume=True, progress=False)
-    keys = ("loss", "angle", "kept", "exact_path", "cheap_angle", "margin")
-    assert [[r[k] for k in keys] for r in resumed.history] == [[r[k] for k in keys] for r in rows]
-    assert resumed.metrics["dev"] == full.metrics["dev"]
-
-
-def test_length_grouped_run_resumes_to_the_same_steps(tiny_config, tmp_path):
-    """group_by_length: the batch order is a function of the seed, so a run interrupted mid-epoch resumes exactly."""
-    cfg = tiny_config.replace(group_by_length=True, max_steps=10, eval_every=5)
-    full = train(cfg.replace(output_dir=str(tmp_path / "full")), progress=False)
-    plain = train(cfg.replace(group_by_length=False, output_dir=str(tmp_path / "plain")), progress=False)
-    assert [r["loss"] for r in full.history] != [r["loss"] for r in plain.history]  # the option changes the order
-    cut = cfg.replace(output_dir=str(tmp_path / "cut"))
-    _fit_interrupted_after(cut, 3)
-    resumed = train(cut, resume=True, progress=False)
-    assert [(r["step"], r["loss"]) for r in resumed.history] == [(r["step"], r["loss"]) for r in full.history]
-    assert resumed.metrics["dev"] == full.metrics["dev"]
-
-
 # ---------------------------------------------------------------------------
 # the public seam: Trainer.step / evaluate / save / fit and hooks
 # ---------------------------------------------------------------------------
@@ -270,3 +213,78 @@ def test_save_checkpoints_false_keeps_best_and_skips_last(tiny_config, tmp_path)
     model that test metrics, representations and early exit use) is always written."""
     res = train(tiny_config.replace(save_checkpoints=False, output_dir=str(tmp_path / "nockpt")), progress=False)
     assert res.paths["best"].is_dir() and not res.paths["last"].exists()
+
+
+def _screened_trainer(cfg, resume=False):
+    """A Trainer whose screened gate has a 2-pair warm-up, so a short tiny run takes both paths."""
+    from acl_lab.grad import ACLGrad, ScreenRule
+    from acl_lab.trainer import Trainer
+
+    t = Trainer(cfg, resume=resume, progress=False)
+    params = [p for p in t.model.parameters() if p.requires_grad]
+    t.gate = ACLGrad(params, lam=1.0, threshold=cfg.threshold, scope="screened",
+                     screen=ScreenRule(warmup=2, quantile=0.5, slack=0.0, floor=0.5))
+    return t
+
+
+def _interrupt_at(trainer, step):
+    """A Ctrl-C during ``step``: the trainer stops at that step's boundary (through the public on_step hook)."""
+    trainer.on_step.append(lambda t, row: signal.raise_signal(signal.SIGINT) if t.state.step == step else None)
+    return trainer
+
+
+def test_screened_gate_logs_both_paths_and_resumes_its_calibration(tiny_config, tmp_path):
+    """history.jsonl holds path and angles of every screened decision; a resumed run rebuilds the margin from it."""
+    cfg = tiny_config.replace(objective="acl", angle_scope="screened", max_steps=12, eval_every=4, threshold=60.0)
+    full = _screened_trainer(cfg.replace(output_dir=str(tmp_path / "full"))).fit()
+    rows = full.history
+    paths = [bool(r["exact_path"]) for r in rows]
+    assert paths[:2] == [True, True] and not all(paths), paths  # warm-up exact, then some cheap decisions
+    for r in rows:
+        assert r["kept"] == (r["angle"] <= 60.0) and 0 <= r["cheap_angle"] <= 180
+        assert (r["exact_angle"] == r["angle"]) if r["exact_path"] else (r["exact_angle"] != r["exact_angle"])
+    assert rows[0]["margin"] == float("inf") and all(r["margin"] >= 0.5 for r in rows[2:])
+
+    cut = cfg.replace(output_dir=str(tmp_path / "cut"))
+    with pytest.raises(KeyboardInterrupt):
+        _interrupt_at(_screened_trainer(cut), 5).fit()
+    resumed = _screened_trainer(cut, resume=True).fit()
+    keys = ("loss", "angle", "kept", "exact_path", "cheap_angle", "margin")
+    assert [[r[k] for k in keys] for r in resumed.history] == [[r[k] for k in keys] for r in rows]
+    assert resumed.metrics["dev"] == full.metrics["dev"]
+
+
+def test_length_grouped_run_resumes_to_the_same_steps(tiny_config, tmp_path):
+    """group_by_length: the batch order is a function of the seed, so a run interrupted mid-epoch resumes exactly."""
+    from acl_lab.trainer import Trainer
+
+    cfg = tiny_config.replace(group_by_length=True, max_steps=10, eval_every=5)
+    full = train(cfg.replace(output_dir=str(tmp_path / "full")), progress=False)
+    plain = train(cfg.replace(group_by_length=False, output_dir=str(tmp_path / "plain")), progress=False)
+    assert [r["loss"] for r in full.history] != [r["loss"] for r in plain.history]  # the option changes the order
+    cut = cfg.replace(output_dir=str(tmp_path / "cut"))
+    with pytest.raises(KeyboardInterrupt):
+        _interrupt_at(Trainer(cut, progress=False), 3).fit()
+    resumed = train(cut, resume=True, progress=False)
+    assert [(r["step"], r["loss"]) for r in resumed.history] == [(r["step"], r["loss"]) for r in full.history]
+    assert resumed.metrics["dev"] == full.metrics["dev"]
+
+
+def test_ce_probe_reusing_the_update_g_ce_measures_the_recomputed_angles(tiny_config):
+    """Objective ce: the probe takes g_CE from the update; its cosines equal a from-scratch gradient_cosines."""
+    import copy
+
+    from acl_lab.grad import gradient_cosines
+    from acl_lab.objectives import classification_loss, probe_losses
+    from acl_lab.trainer import Trainer
+
+    t = Trainer(tiny_config.replace(objective="ce", probe_angles=True), progress=False)
+    group, _ = next(t.batches())
+    ref = copy.deepcopy(t.model).train()
+    out = ref(**group[0])
+    ce = classification_loss(out.logits[-1], group[0]["labels"], regression=False)
+    probes = probe_losses(ref, out, group[0]["labels"], t.cfg)
+    expected = gradient_cosines(ce, list(probes.values()), [p for p in ref.parameters() if p.requires_grad])
+    row = t.step(group)
+    assert abs(row["cos_scl"] - expected[0]) < 1e-6 and abs(row["cos_acl_embed"] - expected[1]) < 1e-6
+    assert row["lam_t"] == 0.0

@@ -61,6 +61,33 @@ def alignment_score(reps: np.ndarray, labels: np.ndarray, label_embeddings: np.n
             "nearest_own": float((cos.argmax(axis=1) == labels).mean())}
 
 
+def umap_unavailable() -> str | None:
+    """Why umap-learn cannot be used here (not installed, or its import fails, e.g. a numba/llvmlite mismatch), or
+    None when it imports. Importing it compiles numba code, so this is called only when UMAP is asked for."""
+    try:
+        import umap  # noqa: F401  (lazy: importing umap-learn compiles numba code)
+    except Exception as exc:  # noqa: BLE001 - ImportError, and whatever numba raises on a broken install
+        first = str(exc).splitlines()[0][:160] if str(exc) else ""
+        return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return None
+
+
+def resolve_method(method: str) -> str:
+    """``method`` if it can run here; ``"umap"`` without a working umap-learn falls back to ``"pca"`` with a note.
+
+    The note is one line on stdout (the notebook shows it next to the picture). Notebook 03 calls this once so
+    its titles and metrics name the projection actually used.
+    """
+    if method not in METHODS:
+        raise bad_value("method", method, METHODS, "use 'umap' for the picture, 'pca' for a fast linear view.")
+    if method == "umap":
+        why = umap_unavailable()
+        if why is not None:
+            print(f"[acl_lab] UMAP unavailable ({why}); using PCA instead. For UMAP: pip install umap-learn")
+            return "pca"
+    return method
+
+
 def project_2d(reps: np.ndarray, label_embeddings: np.ndarray, method: str = "umap", seed: int = 0,
                normalize: bool = True, n_neighbors: int = 15, min_dist: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
     """Project samples and label embeddings *together* to 2-D; return ``(sample_xy [N, 2], label_xy [C, 2])``.
@@ -69,10 +96,10 @@ def project_2d(reps: np.ndarray, label_embeddings: np.ndarray, method: str = "um
     cosine and the classifier's rows have a different scale from [CLS] vectors.
     ``method="umap"`` uses umap-learn with ``random_state=seed`` (reproducible, single
     threaded, and the first call pays ~30 s of numba compilation); ``"pca"`` uses
-    scikit-learn's PCA (instant, linear, deterministic).
+    scikit-learn's PCA (instant, linear, deterministic). Where umap-learn is missing or
+    fails to import, ``"umap"`` falls back to PCA with a one-line note (:func:`resolve_method`).
     """
-    if method not in METHODS:
-        raise bad_value("method", method, METHODS, "use 'umap' for the picture, 'pca' for a fast linear view.")
+    method = resolve_method(method)
     reps, emb = _check_shapes(reps, label_embeddings)
     points = np.concatenate([reps, emb]).astype(np.float64)
     if normalize:
@@ -85,7 +112,7 @@ def project_2d(reps: np.ndarray, label_embeddings: np.ndarray, method: str = "um
 
         xy = PCA(n_components=2, random_state=seed).fit_transform(points)
     else:
-        import umap  # lazy: importing umap-learn compiles numba code
+        import umap  # lazy: importing umap-learn compiles numba code (resolve_method checked it imports)
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "n_jobs overridden by setting random_state" and numba chatter

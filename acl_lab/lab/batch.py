@@ -13,17 +13,22 @@ what each measured. Here every run leaves
 A failed run does not stop the batch. A rerun skips every run whose executed copy is
 a completed run of the same notebook code with the same parameters, so an interrupted
 or partly failed batch simply continues.
+
+Runs execute one after another in this process, or up to N at once in their own
+processes (``jobs=N``), or as tasks on a Dask cluster (``scheduler=ADDRESS``); see
+:mod:`acl_lab.lab.workers`. A grid's ``after`` key says which notebooks read another's
+artifacts, and those runs wait for the runs they need at the same grid point.
 """
 from __future__ import annotations
 
 import ast
 import itertools
 import json
-import os
 import re
 import shutil
 import string
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,10 +40,13 @@ import papermill as pm
 import yaml
 
 from ..analysis.tables import markdown_table, text
+from ..assets import notebooks_dir
 from ..errors import AclLabError
+from ..atomic import write_text
+from ..locks import one_writer
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
-GRID_KEYS = ("notebooks", "output_dir", "output_template", "kernel", "timeout", "parameters", "grid")
+NOTEBOOKS_DIR = notebooks_dir()  # the checkout's notebooks/, or the copy shipped in the wheel
+GRID_KEYS = ("notebooks", "output_dir", "output_template", "kernel", "timeout", "parameters", "grid", "after")
 DEFAULT_TEMPLATE = "{notebook}/{name}.ipynb"
 # the declared default's type -> the value types a run may give it (an int is a fine float)
 ACCEPTED_TYPES: dict[type, tuple[type, ...]] = {bool: (bool,), int: (int,), float: (int, float), str: (str,),
@@ -47,12 +55,16 @@ ACCEPTED_TYPES: dict[type, tuple[type, ...]] = {bool: (bool,), int: (int,), floa
 
 @dataclass
 class RunSpec:
-    """One planned notebook execution: which notebook, with which parameters, saved where, under which name."""
+    """One planned notebook execution: which notebook, with which parameters, saved where, under which name.
+
+    ``after`` holds the output paths of the runs it waits for (the grid's ``after`` key).
+    """
 
     notebook: Path
     parameters: dict[str, Any]
     output_path: Path
     name: str
+    after: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -164,7 +176,10 @@ def check_parameters(notebook: Path, values: Mapping[str, list[Any]]) -> None:
 # ---------------------------------------------------------------------------
 def _read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise AclLabError(f"Grid file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start}). Fix: save "
+                          "it as UTF-8.") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -204,6 +219,7 @@ def load_grid(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
         raise AclLabError(f"'notebooks' in {label} must be a non-empty list of notebook names, not {notebooks!r}. "
                           "Fix: e.g. notebooks: [00_tour.ipynb].")
     paths = [find_notebook(n, base) for n in notebooks]
+    after = _load_after(raw.get("after"), paths, base, label)
 
     parameters, grid = raw.get("parameters") or {}, raw.get("grid") or {}
     for key, value in (("parameters", parameters), ("grid", grid)):
@@ -233,9 +249,54 @@ def load_grid(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(template, str) or not template.endswith(".ipynb"):
         raise AclLabError(f"'output_template' {template!r} must be a path ending in .ipynb. Fix: e.g. "
                           f"{DEFAULT_TEMPLATE!r}.")
-    output_dir = Path(raw.get("output_dir") or f"outputs/batch/{stem}")
-    return {"notebooks": paths, "output_dir": output_dir.absolute(), "output_template": template,
+    if Path(template).is_absolute() or ".." in Path(template).parts or template.startswith("~"):
+        raise AclLabError(f"'output_template' {template!r} would write outside the batch's output folder. Fix: give "
+                          f"a relative path without '..', e.g. {DEFAULT_TEMPLATE!r}; move the whole batch with "
+                          "'output_dir' instead.")
+    output_dir = raw.get("output_dir") or f"outputs/batch/{stem}"
+    if not isinstance(output_dir, (str, Path)):
+        raise AclLabError(f"'output_dir' {output_dir!r} in {label} must be a folder path. Fix: e.g. output_dir: "
+                          f"outputs/batch/{stem}, or leave it out.")
+    output_dir = Path(output_dir)
+    return {"notebooks": paths, "after": after, "output_dir": output_dir.absolute(), "output_template": template,
             "kernel": kernel, "timeout": timeout, "parameters": dict(parameters), "grid": dict(grid)}
+
+
+def _load_after(raw: Any, paths: list[Path], base: Path, label: str) -> dict[Path, list[Path]]:
+    """The grid's ``after`` key, ``{notebook: [notebooks whose runs it reads]}``, resolved and checked.
+
+    Each notebook named must be in the grid's ``notebooks``, and a notebook's
+    prerequisites must be listed before it, so the one-at-a-time order already honours
+    them and there can be no cycle.
+    """
+    if raw is None:
+        return {}
+    example = "Fix: e.g. after: {06_sensitivity.ipynb: [02_acl_finetuning.ipynb]}."
+    if not isinstance(raw, Mapping):
+        raise AclLabError(f"'after' in {label} must map a notebook to the notebooks it runs after, not {raw!r}. "
+                          f"{example}")
+    names = ", ".join(p.name for p in paths)
+    after: dict[Path, list[Path]] = {}
+    for dependent, needs in raw.items():
+        needs = [needs] if isinstance(needs, (str, Path)) else needs
+        if not isinstance(needs, list) or not needs or not all(isinstance(n, (str, Path)) for n in needs):
+            raise AclLabError(f"'after' entry {dependent}: {needs!r} in {label} must be a non-empty list of "
+                              f"notebook names. {example}")
+        resolved = []
+        for name in [dependent, *needs]:
+            path = find_notebook(name, base)
+            if path not in paths:
+                raise AclLabError(f"'after' in {label} names {str(name)!r}, which is not one of the grid's notebooks "
+                                  f"({names}). Fix: add it to 'notebooks', or remove it from 'after'.")
+            resolved.append(path)
+        me, needs_paths = resolved[0], resolved[1:]
+        for need in needs_paths:
+            if paths.index(need) >= paths.index(me):
+                raise AclLabError(f"In {label}, {me.name} runs after {need.name}, but 'notebooks' lists "
+                                  f"{need.name} {'as the same notebook' if need == me else 'later'}. Fix: list "
+                                  f"{need.name} before {me.name} in 'notebooks'.")
+        after[me] = list(dict.fromkeys(needs_paths))
+    return after
 
 
 def _slug(value: Any) -> str:
@@ -252,10 +313,11 @@ def run_name(values: Mapping[str, Any]) -> str:
 def expand_grid(grid: str | Path | Mapping[str, Any]) -> list[RunSpec]:
     """The cartesian product of the grid, one :class:`RunSpec` per (grid point, notebook).
 
-    Runs are ordered by grid point, then by notebook in the listed order, so notebooks
-    that read each other's artifacts run in order within a point. Each point gets
+    Runs are ordered by grid point, then by notebook in the listed order. Each point gets
     ``OUTPUT_DIR = <output_dir>/artifacts/<name>`` (shared by the notebooks of that
-    point) unless the grid sets ``OUTPUT_DIR`` itself.
+    point) unless the grid sets ``OUTPUT_DIR`` itself. A notebook named in the grid's
+    ``after`` waits, at each point, for the runs of its prerequisites at that point
+    (``RunSpec.after``); the others may run at once when ``jobs`` > 1.
     """
     g = load_grid(grid)
     points = [dict(zip(g["grid"], values)) for values in itertools.product(*g["grid"].values())]
@@ -264,7 +326,11 @@ def expand_grid(grid: str | Path | Mapping[str, Any]) -> list[RunSpec]:
         raise AclLabError("Two grid points get the same run name once their values are made file-name safe "
                           f"({', '.join(sorted({n for n in names if names.count(n) > 1}))}). Fix: make the values "
                           "differ in letters or digits.")
-    fields = [f for _, f, _, _ in string.Formatter().parse(g["output_template"]) if f is not None]
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(g["output_template"]) if f is not None]
+    except ValueError as exc:
+        raise AclLabError(f"'output_template' {g['output_template']!r} is not a valid template ({exc}). Fix: use "
+                          "placeholders like {name} with matching braces; write {{ and }} for literal braces.") from None
     allowed = ["notebook", "name", *g["parameters"], *g["grid"]]
     bad = [f for f in fields if f not in allowed]
     if bad:
@@ -273,6 +339,7 @@ def expand_grid(grid: str | Path | Mapping[str, Any]) -> list[RunSpec]:
                           f"{', '.join('{' + f + '}' for f in allowed)}.")
     specs, seen = [], {}
     for point, name in zip(points, names):
+        outputs: dict[Path, Path] = {}
         for notebook in g["notebooks"]:
             params = {**g["parameters"], **point}
             params.setdefault("OUTPUT_DIR", str(g["output_dir"] / "artifacts" / name))
@@ -282,12 +349,20 @@ def expand_grid(grid: str | Path | Mapping[str, Any]) -> list[RunSpec]:
             except ValueError as exc:
                 raise AclLabError(f"'output_template' {g['output_template']!r} cannot be filled in: {exc}. Fix: "
                                   "use plain placeholders such as {name}, without format specs.") from None
+            root = g["output_dir"].resolve()
+            if not output.resolve().is_relative_to(root):
+                raise AclLabError(f"Run {name!r} of {notebook.name} would write {str(output)!r}, outside the batch's "
+                                  f"output folder {str(root)!r} ('output_template' {g['output_template']!r} filled "
+                                  "with its values). Fix: use values without '..' in the template's placeholders, "
+                                  f"or the default template {DEFAULT_TEMPLATE!r}.")
             if output in seen:
                 raise AclLabError(f"'output_template' {g['output_template']!r} gives the same file {str(output)!r} "
                                   f"to runs {seen[output]!r} and {name!r} of {notebook.name}. Fix: include {{name}} "
                                   "and {notebook} in it.")
             seen[output] = name
-            specs.append(RunSpec(notebook=notebook, parameters=params, output_path=output, name=name))
+            outputs[notebook] = output
+            specs.append(RunSpec(notebook=notebook, parameters=params, output_path=output, name=name,
+                                 after=tuple(outputs[n] for n in g["after"].get(notebook, []))))
     return specs
 
 
@@ -327,7 +402,11 @@ def gather_metrics(notebook: Path, parameters: Mapping[str, Any]) -> dict[str, A
     if not isinstance(output_dir, str) or not isinstance(preset, str):
         return {}
     path = notebook.parent / output_dir / preset / "metrics" / f"{notebook.stem}.json"
-    return _flatten(json.loads(path.read_text())) if path.is_file() else {}
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (ValueError, OSError):  # damaged or edited by hand: the run's row says so instead of a crash
+        return {"metrics_error": f"{path.name} is not valid JSON"}
+    return _flatten(metrics) if isinstance(metrics, Mapping) else {"metrics_error": f"{path.name} is not a mapping"}
 
 
 def run_notebook(input_path: str | Path, output_path: str | Path, parameters: Mapping[str, Any],
@@ -404,17 +483,13 @@ def _cell(value: Any) -> Any:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def write_results(df: pd.DataFrame, output_dir: Path) -> None:
     """Write ``results.csv`` and ``results.md`` into ``output_dir`` (each replaced whole, never half-written)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(output_dir / "results.csv", df.to_csv(index=False))
-    _write_atomic(output_dir / "results.md", markdown_table(df))
+    write_text(output_dir / "results.csv", df.to_csv(index=False))
+    write_text(output_dir / "results.md", markdown_table(df))
 
 
 def _row(rec: RunRecord, extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -425,43 +500,106 @@ def _row(rec: RunRecord, extra: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
+def failed_record(spec: RunSpec, error: str, seconds: float = 0.0) -> RunRecord:
+    """A "failed" record for a run that gave no record of its own (not run, or its process or worker died)."""
+    return RunRecord(name=spec.name, notebook=spec.notebook, parameters=spec.parameters,
+                     output_path=spec.output_path, status="failed", error=error, seconds=seconds)
+
+
+def _skipped(spec: RunSpec, seconds: float) -> RunRecord:
+    return RunRecord(name=spec.name, notebook=spec.notebook, parameters=spec.parameters, output_path=spec.output_path,
+                     status="skipped", error=None, seconds=seconds, metrics=gather_metrics(spec.notebook, spec.parameters))
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, disable=not enabled, desc="batch", unit="run", dynamic_ncols=True)
+
+
+@one_writer("batch", lambda specs, output_dir, *_, **__: output_dir)  # one batch per output folder
 def _execute(specs: list[RunSpec], output_dir: Path, kernel: str, timeout: int | None, resume: bool,
-             progress: bool, table: Callable[[list[RunRecord]], pd.DataFrame]) -> pd.DataFrame:
-    """Run (or skip) each spec in order, rewrite the results after each, print a line per run and a summary."""
-    records: list[RunRecord] = []
+             progress: bool, table: Callable[[list[RunRecord]], pd.DataFrame], jobs: int = 1,
+             scheduler: str | None = None) -> pd.DataFrame:
+    """Run (or skip) every spec on the runner for ``jobs``/``scheduler`` and return the results table.
+
+    Completed runs are skipped (with ``resume``); a run starts once the runs in its
+    ``after`` have finished, and is recorded failed without running when one of them
+    failed. The results (rows in spec order) are rewritten after every finished run, a
+    line is printed for each, and a tqdm bar counts done, failed and remaining runs. On
+    Ctrl-C the running runs are stopped and the results so far are kept.
+    """
+    from .workers import make_runner
+
+    runner = make_runner(jobs, scheduler, kernel=kernel, timeout=timeout)
     start = time.perf_counter()
-    for i, spec in enumerate(specs, 1):
-        label = f"[{i}/{len(specs)}] {spec.notebook.name} {spec.name}"
+    index = {spec.output_path: i for i, spec in enumerate(specs)}
+    records: dict[int, RunRecord] = {}
+    bar = _progress_bar(len(specs), progress)
+
+    def finish(i: int, rec: RunRecord) -> None:
+        records[i] = rec
+        write_results(table([records[j] for j in sorted(records)]), output_dir)
+        counts = Counter(r.status for r in records.values())
+        detail = f" (earlier run: {rec.seconds:.1f} s)" if rec.status == "skipped" else f" in {rec.seconds:.1f} s"
+        if progress:
+            bar.write(f"[{len(records)}/{len(specs)}] {specs[i].notebook.name} {rec.name}: {rec.status}{detail}"
+                      f"{': ' + rec.error if rec.error else ''}")
+        bar.set_postfix_str(f"done {counts['completed'] + counts['skipped']}, failed {counts['failed']}, "
+                            f"remaining {len(specs) - len(records)}", refresh=False)
+        bar.update(1)
+
+    waiting: list[int] = []
+    for i, spec in enumerate(specs):
         earlier = previous_run(spec.notebook, spec.output_path, spec.parameters) if resume else None
         if earlier is not None:
-            rec = RunRecord(name=spec.name, notebook=spec.notebook, parameters=spec.parameters,
-                            output_path=spec.output_path, status="skipped", error=None, seconds=earlier,
-                            metrics=gather_metrics(spec.notebook, spec.parameters))
+            finish(i, _skipped(spec, earlier))
         else:
-            if progress:
-                print(f"{label}: running ...", flush=True)
-            rec = run_notebook(spec.notebook, spec.output_path, spec.parameters, kernel_name=kernel,
-                               timeout=timeout, name=spec.name)
-        records.append(rec)
-        df = table(records)
-        write_results(df, output_dir)
-        if progress:
-            detail = f" (earlier run: {rec.seconds:.1f} s)" if rec.status == "skipped" else f" in {rec.seconds:.1f} s"
-            print(f"{label}: {rec.status}{detail}{': ' + rec.error if rec.error else ''}", flush=True)
-    counts = {s: sum(r.status == s for r in records) for s in ("completed", "failed", "skipped")}
+            waiting.append(i)
+    running: dict[Any, int] = {}
+    try:
+        while waiting or running:
+            for i in list(waiting):
+                needs = [index[p] for p in specs[i].after]
+                if any(n not in records for n in needs):
+                    continue
+                if runner.slots is not None and len(running) >= runner.slots:
+                    break
+                waiting.remove(i)
+                failed = [n for n in needs if records[n].status == "failed"]
+                if failed:
+                    first = specs[failed[0]]
+                    finish(i, failed_record(specs[i], f"not run: it runs after {first.notebook.name} {first.name}, "
+                                                      "which failed"))
+                    continue
+                running[runner.submit(specs[i])] = i
+            if running:
+                for future in runner.wait_any(list(running)):
+                    i = running.pop(future)
+                    finish(i, runner.record(future, specs[i]))
+    except KeyboardInterrupt:
+        runner.cancel(list(running))
+        raise
+    finally:
+        runner.close()
+        bar.close()
+    counts = Counter(r.status for r in records.values())
     if progress:
         print(f"{counts['completed']} completed, {counts['failed']} failed, {counts['skipped']} skipped in "
               f"{time.perf_counter() - start:.1f} s; results: {output_dir / 'results.md'}", flush=True)
-    return table(records)
+    return table([records[j] for j in sorted(records)])
 
 
-def run_grid(grid: str | Path | Mapping[str, Any], resume: bool = True, progress: bool = True) -> pd.DataFrame:
+def run_grid(grid: str | Path | Mapping[str, Any], resume: bool = True, progress: bool = True, jobs: int = 1,
+             scheduler: str | None = None) -> pd.DataFrame:
     """Run every point of a grid (see :func:`load_grid`) and return the results table.
 
-    One row per run: name, notebook, status, seconds (for a skipped run, those of its
-    earlier run), error, the grid parameters (lists as comma-joined text) and the
-    notebook's flattened metrics. Written to ``<output_dir>/results.csv`` and
-    ``results.md`` after every run. With ``resume``, completed runs are skipped.
+    One row per run, in the grid's order: name, notebook, status, seconds (for a skipped
+    run, those of its earlier run), error, the grid parameters (lists as comma-joined
+    text) and the notebook's flattened metrics. Written to ``<output_dir>/results.csv``
+    and ``results.md`` after every run. With ``resume``, completed runs are skipped.
+    ``jobs`` runs that many at once, each in its own process; ``scheduler`` (a Dask
+    scheduler address) runs each as a task on that cluster (see :mod:`acl_lab.lab.workers`).
     """
     g = load_grid(grid)
     specs = expand_grid(g)
@@ -470,13 +608,18 @@ def run_grid(grid: str | Path | Mapping[str, Any], resume: bool = True, progress
         return pd.DataFrame([_row(r, {**{k: _cell(r.parameters[k]) for k in g["grid"]}, **r.metrics})
                              for r in records])
 
-    return _execute(specs, g["output_dir"], g["kernel"], g["timeout"], resume, progress, table)
+    return _execute(specs, g["output_dir"], g["kernel"], g["timeout"], resume, progress, table, jobs, scheduler)
 
 
 def run_suite(preset: str = "quick", output_dir: str | Path | None = None, notebooks: list[str] | None = None,
               kernel_name: str | None = None, resume: bool = True, progress: bool = True,
-              timeout: int | None = None) -> pd.DataFrame:
+              timeout: int | None = None, parameters: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """Run the kit's notebooks in numbered order with ``PRESET=preset`` and one shared artifacts folder.
+
+    ``parameters`` go to every notebook on top, e.g. ``{"SOURCE": "saved"}`` for the classroom mode
+    (the saved pack, no training; give the pack's preset as ``preset``). A notebook whose parameters
+    cell does not declare one of them (notebook 08, the live-only Hugging Face Trainer notebook, has no
+    ``SOURCE``) is left out of that suite, with a line saying so.
 
     ``output_dir`` (default ``outputs/suite-<preset>``) receives the executed copies
     ``<stem>.ipynb``, ``artifacts/`` (the shared ``OUTPUT_DIR`` through which notebooks
@@ -491,12 +634,18 @@ def run_suite(preset: str = "quick", output_dir: str | Path | None = None, noteb
     out = Path(output_dir or f"outputs/suite-{preset}").absolute()
     chosen = sorted({find_notebook(n, NOTEBOOKS_DIR) for n in notebooks}) if notebooks else suite_notebooks()
     if not chosen:
-        raise AclLabError(f"No notebooks NN_*.ipynb in {str(NOTEBOOKS_DIR)!r}. Fix: run from a source checkout.")
+        raise AclLabError(f"No notebooks NN_*.ipynb in {str(NOTEBOOKS_DIR)!r}. Fix: run from a source checkout, "
+                          "or reinstall acl_lab from its wheel.")
     kernel = kernel_name or default_kernel()
     if kernel not in _kernels():
         raise AclLabError(f"Kernel {kernel!r} is not registered; available: {', '.join(_kernels())}. Fix: run "
                           "scripts/setup.sh (it registers 'acl-lab'), or leave the kernel out.")
-    params = {"PRESET": preset, "OUTPUT_DIR": str(out / "artifacts")}
+    params = {"PRESET": preset, "OUTPUT_DIR": str(out / "artifacts"), **(parameters or {})}
+    extra = set(parameters or {})
+    left_out = [nb for nb in chosen if not extra <= set(declared_parameters(nb))]
+    if left_out and progress:
+        print(f"left out (no {', '.join(sorted(extra))} parameter): {', '.join(nb.stem for nb in left_out)}", flush=True)
+    chosen = [nb for nb in chosen if nb not in left_out]
     specs = [RunSpec(notebook=nb, parameters=params, output_path=out / f"{nb.stem}.ipynb", name=nb.stem)
              for nb in chosen]
 

@@ -9,14 +9,25 @@ Two stages, so that the published figures can be redrawn without training:
 * :func:`build_report` reads only those files and writes the PNG figures and
   ``tables.md``. ``python -m acl_lab evidence --report-only`` runs it alone.
 
+``results_dir`` is the *pack*: a self-contained folder (e.g. ``results/standard/``, committed)
+that the report and every notebook's saved mode (:mod:`acl_lab.lab.source`) read without
+training. It holds the part CSVs, ``plan.json`` (the plan, the exact command, the git commit,
+the machine and the seconds of each part), ``tables.md`` and ``figures/``, and under
+``runs/<run_name>/`` each run's ``config.json``, ``metrics.json``, ``history.jsonl.gz`` (gzipped; read by
+:func:`acl_lab.result.load_result` like a plain one) and ``predictions.npz``; the representations (float16, ``rep_samples`` dev samples) only for the
+lowest seed of each objective of the single- and multi-exit parts; never checkpoints.
+
 Every objective gets the same data, steps and hyper-parameters (those of ``preset``);
 nothing is tuned, so each objective's tuning budget is one configuration. The runs of each
 part are the comparisons of :mod:`acl_lab.lab.plans`, the same configs the notebooks train.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import platform
+import shutil
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,13 +36,17 @@ from typing import Any, Iterable
 import pandas as pd
 
 from ..analysis.stats import mean_sd_text, pm_text
+from ..atomic import target, write_json, write_text
 from ..config import TrainConfig
 from ..errors import AclLabError
 from . import plans
 
-PARTS = ("pilot", "single", "multi", "early", "sensitivity")
-FILES = {"pilot": "pilot_angles.csv", "single": "single_exit.csv", "multi": "multi_exit.csv",
-         "early": "early_exit.csv", "sensitivity": "sensitivity.csv"}
+PARTS = ("pilot", "single", "gate", "multi", "early", "sensitivity")
+FILES = {"pilot": "pilot_angles.csv", "single": "single_exit.csv", "gate": "acl_grad_gate.csv",
+         "multi": "multi_exit.csv", "early": "early_exit.csv", "sensitivity": "sensitivity.csv"}
+#: the run files a pack keeps (checkpoints never; representations for one seed per objective, see module docstring)
+PACK_RUN_FILES = ("config.json", "metrics.json", "predictions.npz")  # and history.jsonl, gzipped
+REPRESENTATION_PARTS = ("single", "multi")
 
 
 @dataclass
@@ -50,15 +65,31 @@ class EvidencePlan:
                                                                          "patience": [1, 2]})
     exit_split: str = "dev"
     exit_repeats: int = 1
+    exit_batch_sizes: list[int] = field(default_factory=lambda: [64, 1])
+    latency_samples: int = 200  # samples timed at batch size 1 (each costs a pass)
     max_drop: float = 0.01
+    pilot_objectives: list[str] = field(default_factory=lambda: ["ce", "ce+scl"])
+    thresholds: list[float] = field(default_factory=lambda: list(plans.GATE_THRESHOLDS))
+    scl_thresholds: list[float] = field(default_factory=lambda: [90.0])
+    part_seeds: dict[str, list[int]] = field(default_factory=dict)  # e.g. {"sensitivity": [0, 1, 2]}
+    rep_samples: int = 400  # dev samples of the representations kept in the pack
+
+    def seeds_for(self, part: str) -> list[int]:
+        """The seeds of ``part``: ``part_seeds[part]`` if given, else ``seeds`` (``early`` follows ``multi``)."""
+        part = "multi" if part == "early" else part
+        return list(self.part_seeds.get(part) or self.seeds)
 
     def configs(self, part: str, task: str) -> list[TrainConfig]:
         """The training runs of one part on one task (``early`` reuses ``multi``'s runs), from :mod:`.plans`."""
-        common = dict(model=self.model, seeds=self.seeds)
+        common = dict(model=self.model, seeds=self.seeds_for(part))
         if part == "pilot":
-            return plans.pilot(self.preset, task, **common)
+            return plans.pilot(self.preset, task, objectives=self.pilot_objectives, lam=self.lam,
+                               temperature=self.temperature, **common)
         if part == "single":
             return plans.single(self.preset, task, lam=self.lam, temperature=self.temperature, **common)
+        if part == "gate":
+            return plans.gate(self.preset, task, thresholds=self.thresholds, scl_thresholds=self.scl_thresholds,
+                              lam=self.lam, temperature=self.temperature, **common)
         if part in ("multi", "early"):
             return plans.multi(self.preset, task, lam=self.lam, mu=self.mu, pooling=self.multi_pooling,
                                temperature=self.temperature, **common)
@@ -89,19 +120,33 @@ def _with_task(df: pd.DataFrame, task: str) -> pd.DataFrame:
 
 def _save_part(results_dir: Path, part: str, frame: pd.DataFrame) -> Path:
     path = results_dir / FILES[part]
-    tmp = path.with_suffix(".tmp")
-    frame.to_csv(tmp, index=False)
-    tmp.replace(path)
+    with target(path) as tmp:
+        frame.to_csv(tmp, index=False)
     return path
 
 
-def _save_metrics(results_dir: Path, results: Iterable) -> None:
-    """Each run's metrics.json (small) under ``results_dir/run_metrics/<task>/<run folder>.json`` (committed:
-    a folder named ``runs/`` is git-ignored as a run cache)."""
+def _save_runs(results_dir: Path, results: Iterable, reps_seed: int | None, rep_samples: int) -> None:
+    """Copy each run's small files into the pack, ``results_dir/runs/<run folder>/`` (:data:`PACK_RUN_FILES`, and
+    ``history.jsonl`` as ``history.jsonl.gz``: it is most of a pack's size), and, for runs of seed ``reps_seed``, its representations shrunk to ``rep_samples`` float16 dev samples.
+
+    The pack's ``runs/`` is an exception in .gitignore (``/results/*/runs/``); other ``runs/`` folders are run
+    caches and stay ignored."""
+    from ..evaluate import shrink_representations
+
     for r in results:
-        dest = results_dir / "run_metrics" / r.config.task / f"{Path(r.output_dir).name}.json"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(json.dumps(r.metrics, indent=1) + "\n")
+        src = Path(r.output_dir)
+        dest = results_dir / "runs" / src.name
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in PACK_RUN_FILES:
+            if (src / name).is_file():
+                with target(dest / name) as tmp:  # complete or absent, like every file the kit writes
+                    shutil.copyfile(src / name, tmp)
+        if (src / "history.jsonl").is_file():  # mtime 0: the same history gives the same bytes
+            with target(dest / "history.jsonl.gz") as tmp:
+                Path(tmp).write_bytes(gzip.compress((src / "history.jsonl").read_bytes(), mtime=0))
+        reps = src / "representations.safetensors"
+        if reps_seed is not None and r.config.seed == reps_seed and reps.is_file():
+            shrink_representations(reps, dest / reps.name, rep_samples)
 
 
 def run_part(plan: EvidencePlan, part: str, task: str, runs_home: Path, results_dir: Path,
@@ -113,21 +158,48 @@ def run_part(plan: EvidencePlan, part: str, task: str, runs_home: Path, results_
     from .experiments import run_many
 
     results = run_many(plan.configs(part, task), runs_home, progress=progress)
-    _save_metrics(results_dir, results)
+    reps_seed = min(plan.seeds_for(part)) if part in REPRESENTATION_PARTS else None
+    _save_runs(results_dir, results, reps_seed, plan.rep_samples)
     if part == "pilot":
         return _with_task(angle_long_frame(history_frame(results)), task)
-    if part in ("single", "sensitivity"):
+    if part in ("single", "sensitivity", "gate"):
         return _with_task(results_frame(results).drop(columns=["run"]), task)
     if part == "multi":
         frames = [per_exit_frame(results, split).assign(split=split) for split in ("dev", "test")]
         return _with_task(pd.concat(frames, ignore_index=True), task)
-    sweeps = [sweep_run(r.output_dir, plan.exit_settings, split=plan.exit_split, repeats=plan.exit_repeats)
-              for r in results if r.config.objective in ("me-ce", "me-acl-cl")]
+    sweeps = [sweep_run(r.output_dir, plan.exit_settings, split=plan.exit_split, repeats=plan.exit_repeats,
+                        batch_size=bs, max_samples=None if bs > 1 else plan.latency_samples)
+              for bs in plan.exit_batch_sizes for r in results if r.config.objective in ("me-ce", "me-acl-cl")]
     return _with_task(pd.concat(sweeps, ignore_index=True).drop(columns=["run"]), task)
 
 
+def _git_commit() -> str:
+    """The commit of the kit's checkout (``"unknown"`` outside git), with ``+dirty`` if files are changed."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def plan_of(results_dir: str | Path) -> EvidencePlan:
+    """The :class:`EvidencePlan` a pack was made with (from its ``plan.json``)."""
+    path = Path(results_dir) / "plan.json"
+    if not path.is_file():
+        raise AclLabError(f"{str(path)!r} does not exist, so {str(results_dir)!r} is not a results pack. Fix: point at "
+                          "a pack folder (e.g. results/standard), or make one with `python -m acl_lab evidence "
+                          "--pack DIR`.")
+    raw = json.loads(path.read_text()).get("plan", {})
+    known = {f for f in EvidencePlan.__dataclass_fields__}
+    return EvidencePlan(**{k: v for k, v in raw.items() if k in known})
+
+
 def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | Path,
-                 parts: Iterable[str] = PARTS, progress: bool = True) -> dict[str, Path]:
+                 parts: Iterable[str] = PARTS, progress: bool = True, command: str | None = None) -> dict[str, Path]:
     """Run ``parts`` for every task of ``plan``; after each (part, task), rewrite that part's CSV.
 
     Runs (with checkpoints) live under ``runs_home/runs`` and are reused by config;
@@ -142,7 +214,10 @@ def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | P
     results_dir.mkdir(parents=True, exist_ok=True)
     meta_path = results_dir / "plan.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    meta.update({"plan": asdict(plan), "machine": _machine()})
+    meta.update({"plan": asdict(plan), "machine": _machine(), "commit": _git_commit()})
+    if command:  # the latest, and every command that added to this pack
+        meta["command"] = command
+        meta.setdefault("commands", []).append(command)
     meta.setdefault("seconds", {})
     written = {}
     for part in parts:
@@ -158,7 +233,7 @@ def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | P
             earlier = [keep] if keep is not None and len(keep) else []  # no empty frame: it would turn ints to floats
             written[part] = _save_part(results_dir, part, pd.concat([*earlier, *frames], ignore_index=True))
             meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-            meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+            write_json(meta_path, meta, indent=1)
     return written
 
 
@@ -180,7 +255,7 @@ def pilot_tables(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         return {"over 90°": [pm_text(m, sd, 3) for m, sd in zip(s["frac_over_90_mean"], s["frac_over_90_sd"])],
                 "median angle (°)": [pm_text(m, sd, 1) for m, sd in zip(s["median_angle_mean"], s["median_angle_sd"])]}
 
-    by = ("task", "probe")
+    by = ("task", "objective", "probe") if "objective" in df.columns else ("task", "probe")
     overall = conflict_summary(df, by)
     phases = phase_summary(df, by)
     return (overall[[*by, "seeds", "batches"]].assign(**cells(overall)),
@@ -215,16 +290,72 @@ def multi_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def gate_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
+    """Per task, objective (gated) and threshold: the gate's drop rate and dev/test ``metric``, mean ± sd over seeds."""
+    rows = []
+    for (task, objective, threshold), d in df.groupby(["task", "objective", "threshold"], sort=False):
+        row = {"task": task, "objective": objective + (" + gate" if objective == "ce+scl" else ""),
+               "threshold (°)": f"{threshold:g}", "seeds": len(d),
+               "drop rate": mean_sd_text(d["drop_rate"].dropna(), 3) if d["drop_rate"].notna().any() else "-"}
+        for split in ("dev", "test"):
+            row[f"{split} {metric}"] = mean_sd_text(d[f"{split}_{metric}"], 3)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired_groups(results_dir: str | Path, plan: EvidencePlan, part: str, task: str) -> dict[str, dict[int, Any]]:
+    """The pack's runs of ``part`` on ``task`` as ``{label: {seed: TrainResult}}`` (:func:`plans.run_label`); the gate
+    part also gets its baselines ``ce`` and ``ce+scl`` from the single part. Missing runs are left out."""
+    from ..analysis.runs import find_runs
+
+    sources = [(part, plan.configs(part, task))]
+    if part == "gate":
+        sources.append(("single", [c for c in plan.configs("single", task) if c.objective in ("ce", "ce+scl")]))
+    groups: dict[str, dict[int, Any]] = {}
+    for source, configs in sources:
+        for r in find_runs(configs, results_dir):
+            groups.setdefault(plans.run_label(r.config, source), {})[r.config.seed] = r
+    return groups
+
+
+def paired_tables(results_dir: str | Path, plan: EvidencePlan, part: str, metric: str = "accuracy",
+                  n_resamples: int = 2000) -> pd.DataFrame:
+    """Numeric paired comparisons (:func:`acl_lab.analysis.paired.paired_frame`) of ``part`` for every task of the
+    pack, with a ``task`` column; the pairs are :func:`plans.paired_pairs`."""
+    from ..analysis.paired import paired_frame
+
+    frames = []
+    for task in plan.tasks:
+        groups = paired_groups(results_dir, plan, part, task)
+        pairs = plans.paired_pairs(part, list(groups))
+        if pairs:
+            frames.append(_with_task(paired_frame(groups, pairs, metric=metric, n_resamples=n_resamples), task))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _paired_markdown(frame: pd.DataFrame) -> list[str]:
+    from ..analysis.paired import format_paired
+    from ..analysis.tables import markdown_table
+
+    out = []
+    for task, d in frame.groupby("task", sort=False):
+        out += [f"{task}:", "", markdown_table(format_paired(d)), ""]
+    return out
+
+
 def early_table(df: pd.DataFrame, metric: str = "accuracy", max_drop: float = 0.01) -> pd.DataFrame:
-    """Per task, model and seed: the fastest setting losing at most ``max_drop``, then mean ± sd over seeds."""
+    """Per task, model and batch size, per seed: the fastest setting losing at most ``max_drop``; then mean ± sd
+    over seeds."""
     from ..analysis.exits import best_speedup
 
+    if "batch_size" not in df.columns:
+        df = df.assign(batch_size=64)
     rows = []
-    for (task, objective), d in df.groupby(["task", "objective"], sort=False):
+    for (task, objective, batch_size), d in df.groupby(["task", "objective", "batch_size"], sort=False):
         best = pd.concat([best_speedup(s, metric, max_drop=max_drop).assign(seed=seed)
                           for seed, s in d.groupby("seed")])
         full = d.groupby("seed")[f"full_{metric}"].first()
-        rows.append({"task": task, "objective": objective, "seeds": len(best),
+        rows.append({"task": task, "objective": objective, "batch size": int(batch_size), "seeds": len(best),
                      f"full-model {metric}": mean_sd_text(full, 3),
                      f"wall speed-up at <= {max_drop:g} lost": mean_sd_text(best["wall_speedup"], 2),
                      "layer speed-up": mean_sd_text(best["layer_speedup"], 2),
@@ -248,6 +379,22 @@ def sensitivity_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFram
     return pd.DataFrame(rows)
 
 
+PAIRED_NOTE = ("Each row reads \"a − b\" in accuracy points. *Paired over seeds*: the per-seed difference (same "
+               "seed, same data order), its mean and 95% t-interval. *Paired over examples*: the seed-averaged "
+               "per-example correctness of a and b on the same examples, 95% paired-bootstrap interval "
+               "(scipy.stats.bootstrap, percentile, 2000 resamples); McNemar: exact p of each seed "
+               "(scipy.stats.binomtest on the discordant examples). Verdict: an interval containing 0 is \"no "
+               "difference at this scale\"; above 0 \"higher\", below 0 \"lower\".")
+
+
+def pack_caption(meta: dict[str, Any]) -> str:
+    """What a figure of a pack shows: "saved: standard preset, 5 seeds, command ..." (from plan.json)."""
+    plan = meta.get("plan") or {}
+    seeds = plan.get("seeds") or []
+    text = f"saved: {plan.get('preset', '?')} preset, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
+    return text + (f", command {meta['command']}" if meta.get("command") else "")
+
+
 def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
     """Figures (PNG) and ``tables.md`` from the CSVs in ``results_dir``; trains nothing. Returns tables.md."""
     import matplotlib
@@ -267,29 +414,58 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
     out = ["# Evidence tables", "", "Generated by `python -m acl_lab evidence --report-only --results "
            f"{results_dir}` from the CSV files beside this one; do not edit by hand.", ""]
 
+    plan = EvidencePlan(**{k: v for k, v in (meta.get("plan") or {}).items() if k in EvidencePlan.__dataclass_fields__})
+    caption = pack_caption(meta)
+    pack_runs = (results_dir / "runs").is_dir()
+    noted: list[bool] = []  # the note on the paired tables goes above the first one only
+
+    def paired(part: str, title: str) -> None:
+        if not pack_runs:
+            return
+        frame = paired_tables(results_dir, plan, part, metric)
+        if len(frame):
+            note = [] if noted else [PAIRED_NOTE, ""]
+            noted.append(True)
+            out.extend([f"### {title}: paired differences and verdicts", "", *note, *_paired_markdown(frame)])
+
     pilot = _read(results_dir, "pilot")
     if pilot is not None:
+        if "objective" not in pilot.columns:
+            pilot = pilot.assign(objective="ce")
         overall, phases = pilot_tables(pilot)
-        out += ["## Pilot study: angle between grad(CE) and the contrastive gradient (CE training)", "",
+        out += ["## Pilot study: angle between grad(CE) and the contrastive gradient", "",
+                "Measured while training each objective (`objective` column): CE alone, and CE+SCL jointly.", "",
                 markdown_table(overall), "", "Per third of training:", "", markdown_table(phases), ""]
-        for task, d in pilot.groupby("task", sort=False):
+        for (task, objective), d in pilot.groupby(["task", "objective"], sort=False):
             fig, axes = plt.subplots(1, 2, figsize=(13, 4))
-            angle_histogram(d, ax=axes[0], title=f"Angle to grad(CE), all probed batches ({task})")
-            angle_curves(d, ax=axes[1], window=3, title=f"Angle against step, mean ± sd over seeds ({task})")
+            angle_histogram(d, ax=axes[0], title=f"Angle to grad(CE) while training {objective}, all probed batches "
+                                                 f"({task})")
+            angle_curves(d, ax=axes[1], window=3, title=f"Angle against step while training {objective}, mean ± sd "
+                                                        f"over seeds ({task})")
             fig.tight_layout()
-            save_figure(fig, results_dir, f"pilot_{task}")
+            save_figure(fig, results_dir, f"pilot_{task}" + ("" if objective == "ce" else f"_{objective}"),
+                        caption=caption)
             plt.close(fig)
 
     single = _read(results_dir, "single")
     if single is not None:
         out += ["## Single-exit objectives", "", markdown_table(single_table(single, metric)), ""]
+        paired("single", "Single exit")
+
+    gate = _read(results_dir, "gate")
+    if gate is not None:
+        out += ["## ACL-Grad where it acts: the gate at several thresholds", "",
+                "`acl` with the gate at each threshold, and the same gate on CE+SCL's SCL term (`ce+scl + gate`).", "",
+                markdown_table(gate_table(gate, metric)), ""]
+        paired("gate", "The gate")
 
     multi = _read(results_dir, "multi")
     if multi is not None:
         out += ["## Multi-exit objectives", "", markdown_table(multi_table(multi, metric)), ""]
+        paired("multi", "Multi-exit, final exit")
         for task, d in multi[multi["split"] == "dev"].groupby("task", sort=False):
             fig = plot_layer_scores(d, metric, title=f"Dev {metric} per exit ({task}, mean ± sd over seeds)")
-            save_figure(fig, results_dir, f"multi_exit_{task}")
+            save_figure(fig, results_dir, f"multi_exit_{task}", caption=caption)
             plt.close(fig)
 
     early = _read(results_dir, "early")
@@ -297,27 +473,32 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
         drop = (meta.get("plan") or {}).get("max_drop", 0.01)
         out += [f"## Early exit (fastest setting losing at most {drop:g}, per seed, then mean ± sd)", "",
                 markdown_table(early_table(early, metric, drop)), ""]
-        for task, d in early.groupby("task", sort=False):
+        if "batch_size" not in early.columns:
+            early = early.assign(batch_size=64)
+        for (task, bs), d in early.groupby(["task", "batch_size"], sort=False):
             mean = d.groupby(["objective", "criterion", "threshold"], sort=False).mean(numeric_only=True).reset_index()
-            fig = plot_early_exit(mean, metric, title=f"Early exit on {task}: {metric} against speed-up, mean over "
-                                                      f"{d['seed'].nunique()} seed(s) (star: full model)")
-            save_figure(fig, results_dir, f"early_exit_{task}")
+            fig = plot_early_exit(mean, metric, title=f"Early exit on {task}, batch size {bs}: {metric} against "
+                                                      f"speed-up, mean over {d['seed'].nunique()} seed(s) (star: full "
+                                                      "model)")
+            save_figure(fig, results_dir, f"early_exit_{task}" + ("" if bs == 64 else f"_batch{bs}"), caption=caption)
             plt.close(fig)
 
     sens = _read(results_dir, "sensitivity")
     if sens is not None:
         out += ["## Sensitivity to lambda (dev)", "", markdown_table(sensitivity_table(sens, metric)), ""]
+        paired("sensitivity", "ACL against CE+SCL at each lambda")
         for task, d in sens.groupby("task", sort=False):
             long = d.rename(columns={f"dev_{metric}": "value"})[["objective", "lam", "seed", "value"]]
             fig = plot_sensitivity(long, metric=metric, title=f"Dev {metric} against lambda ({task})")
-            save_figure(fig, results_dir, f"sensitivity_{task}")
+            save_figure(fig, results_dir, f"sensitivity_{task}", caption=caption)
             plt.close(fig)
 
     if meta:
-        out += ["## Where and how long", "", f"Machine: {meta['machine']['platform']}, "
+        out += ["## Where and how long", "", f"Command: `{meta.get('command', '?')}`; git commit "
+                f"{meta.get('commit', '?')}.", "", f"Machine: {meta['machine']['platform']}, "
                 f"{meta['machine']['cpu_count']} CPU(s), device {meta['machine']['device']}, torch "
                 f"{meta['machine']['versions'].get('torch', '?')}.", "",
                 markdown_table(pd.DataFrame([{"part/task": k, "seconds": v} for k, v in meta.get("seconds", {}).items()])), ""]
     path = results_dir / "tables.md"
-    path.write_text("\n".join(out))
+    write_text(path, "\n".join(out))
     return path

@@ -21,7 +21,7 @@ MULTI_POOLING = "mean"  # the offline MiniLM's shallow [CLS] vectors are degener
 def default_seeds(preset: str, part: str = "single") -> list[int]:
     """The seeds a comparison uses when none are given: one seed for the CPU-sized multi-exit and
     sensitivity runs of ``smoke``/``quick`` (each point is its own run), the preset's seeds otherwise."""
-    if part in ("multi", "sensitivity") and preset in ("smoke", "quick"):
+    if part in ("multi", "sensitivity", "gate") and preset in ("smoke", "quick"):
         return [0]
     return list(DEFAULT_SEEDS[preset])
 
@@ -69,3 +69,57 @@ def sensitivity(preset: str, task: str, model: str | None = None, seeds: Sequenc
     seeds = seeds or default_seeds(preset, "sensitivity")
     return [c for lam in lambdas for tau in temperatures for s in seeds
             for c in single(preset, task, model, [s], objectives, lam=lam, temperature=tau, **overrides)]
+
+
+GATE_THRESHOLDS = (60.0, 70.0, 80.0, 90.0)
+
+
+def gate(preset: str, task: str, model: str | None = None, seeds: Sequence[int] | None = None,
+         thresholds: Sequence[float] = GATE_THRESHOLDS, scl_thresholds: Sequence[float] = (90.0,), lam: float = 0.1,
+         temperature: float = 0.1, **overrides: Any) -> list[TrainConfig]:
+    """ACL-Grad where it acts: ``acl`` at gate ``thresholds`` (the gate drops the ACL-Embed term of batches whose
+    angle to grad(CE) exceeds the threshold), and the same gate on CE+SCL's SCL term (``ce+scl`` with
+    ``acl_grad=True``) at ``scl_thresholds``, where the pilot study finds the conflicts. ``acl`` at 90 degrees is
+    :func:`single`'s run (same config, same folder)."""
+    seeds = seeds or default_seeds(preset, "gate")
+    acl = single(preset, task, model, seeds, ("acl",), lam=lam, temperature=temperature, **overrides)
+    scl = [c.replace(acl_grad=True) for c in single(preset, task, model, seeds, ("ce+scl",), lam=lam,
+                                                     temperature=temperature, **overrides)]
+    return ([c.replace(threshold=float(t)).validate() for t in thresholds for c in acl]
+            + [c.replace(threshold=float(t)).validate() for t in scl_thresholds for c in scl])
+
+
+#: the paired comparisons of the evidence tables, per part: (a, b) reads "a - b"; names are :func:`run_label`'s
+PAIRED = {"single": [("ce+scl", "ce"), ("acl-embed", "ce"), ("acl", "ce"), ("acl", "ce+scl")],
+          "multi": [("me-acl", "me-ce"), ("me-acl-cl", "me-ce")]}
+
+
+def run_label(cfg: TrainConfig, part: str) -> str:
+    """The name a run goes by in a part's paired table: the objective, plus what the part varies."""
+    if part == "gate":
+        gated = "+gate" if cfg.objective == "ce+scl" and cfg.use_acl_grad else ""
+        return f"{cfg.objective}{gated} {cfg.threshold:g}°"
+    if part == "sensitivity":
+        return f"{cfg.objective} λ={cfg.lam:g}"
+    return cfg.objective
+
+
+def paired_pairs(part: str, labels: Sequence[str]) -> list[tuple[str, str]]:
+    """The (a, b) pairs of a part's paired table among the run ``labels`` present (every one against CE, and ACL
+    against CE+SCL): single and multi from :data:`PAIRED`; gate: every ``acl`` threshold against ``ce`` and
+    ``ce+scl`` (both from the single part), the gated CE+SCL against plain ``ce+scl``; sensitivity: ``acl``
+    against ``ce+scl`` at each lambda."""
+    present = set(labels)
+    if part in PAIRED:
+        return [(a, b) for a, b in PAIRED[part] if a in present and b in present]
+    pairs = []
+    for lab in labels:
+        if part == "gate" and lab.startswith("acl "):
+            pairs += [(lab, "ce"), (lab, "ce+scl")]
+        elif part == "gate" and lab.startswith("ce+scl+gate"):
+            pairs += [(lab, "ce+scl")]
+        elif part == "sensitivity" and lab.startswith("acl "):
+            other = lab.replace("acl ", "ce+scl ", 1)
+            if other in present:
+                pairs.append((lab, other))
+    return [(a, b) for a, b in pairs if b in present]
