@@ -10,8 +10,9 @@ third of training on rt-polarity, 26% of batches over 90), the hardest case for 
 screen. Real MiniLM-L6, rt-polarity, batch 32, max length 64, CPU float32, one thread.
 
 (a) Step cost, interleaved. On the same fixed batches, round-robin (order rotated per
-round), each variant with its own model copy and AdamW, one call of the trainer's real
-``_train_step`` per step: ``ce``; the exact gate (``all``); the screened gate forced onto
+round), each variant its own ``acl_lab.trainer.Trainer`` (same pretrained model, its own
+AdamW; the gate set through the public ``Trainer.gate`` seam), one call of
+``Trainer.step([batch])`` per step: ``ce``; the exact gate (``all``); the screened gate forced onto
 its exact path (cheap ``repr`` cosine + exact angle); the screened gate forced onto its
 cheap path (``repr`` cosine + one combined backward); and the GPU-style alternative, one
 batched VJP (``torch.autograd.grad(stack([ce, aux]), params, eye(2), is_grads_batched=True)``)
@@ -21,7 +22,7 @@ time and for the process's CPU time (``time.process_time``; one torch thread). O
 machine loaded by other jobs the CPU-time ratio is the steadier one, and the cost
 figures of (b) and (c) use it; both are printed.
 
-(b) Decisions on a real run. ``trainer.train()`` with ``angle_scope="screened"`` and the
+(b) Decisions on a real run. ``Trainer(...).fit()`` with ``angle_scope="screened"`` and the
 default :class:`acl_lab.grad.ScreenRule` drives the update. Its gate is the real one,
 with one addition made here: before each decision it also computes the exact cosine
 over all parameters (``gradient_cosine``, retained graphs, no ``.grad`` touched, so the
@@ -51,10 +52,8 @@ import torch
 from scipy.stats import binomtest
 
 from acl_lab.config import TrainConfig
-from acl_lab.data import load_task, make_loader, tokenize
+from acl_lab.data import make_loader
 from acl_lab.grad import ACLGrad, ScreenRule, _cosine, _grads, angle_degrees, gradient_cosine
-from acl_lab.model import build_model
-from acl_lab.tasks import get_task
 from acl_lab.trainer import Trainer
 
 TASK = "rt-polarity"
@@ -92,16 +91,17 @@ def _forced_rule(path: str) -> ScreenRule:
 VARIANTS = ("ce", "exact (all)", "screened: exact path", "screened: cheap path", "batched VJP (exact)")
 
 
-def _make(label: str, model, cfg_ce: TrainConfig, cfg_gate: TrainConfig):
+def _gate(label: str, model) -> ACLGrad | None:
+    """The gate of a timing variant, over ``model``'s trainable parameters (None for ce)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if label == "ce":
-        return cfg_ce, None
+        return None
     if label == "exact (all)":
-        return cfg_gate, ACLGrad(params, lam=1.0, threshold=THRESHOLD, scope="all")
+        return ACLGrad(params, lam=1.0, threshold=THRESHOLD, scope="all")
     if label == "batched VJP (exact)":
-        return cfg_gate, BatchedVJPGate(params, lam=1.0, threshold=THRESHOLD, scope="all")
+        return BatchedVJPGate(params, lam=1.0, threshold=THRESHOLD, scope="all")
     path = "exact" if "exact path" in label else "cheap"
-    return cfg_gate, ACLGrad(params, lam=1.0, threshold=THRESHOLD, scope="screened", screen=_forced_rule(path))
+    return ACLGrad(params, lam=1.0, threshold=THRESHOLD, scope="screened", screen=_forced_rule(path))
 
 
 def _cfg(args, **kw) -> TrainConfig:
@@ -111,22 +111,22 @@ def _cfg(args, **kw) -> TrainConfig:
 
 def time_paths(args, say) -> dict:
     """(a): the per-path and alternative step costs, interleaved on fixed batches."""
-    task = get_task(TASK)
-    _, tok = build_model(args.model, task.num_labels, multi_exit=False, dropout=0.1, seed=args.seed)
-    data = load_task(TASK, max_train_samples=max(args.screen_batches * args.batch_size, 64), seed=args.seed + 1)
-    enc = tokenize(data, tok, args.max_length)
-    loader = make_loader(enc["train"], tok, args.batch_size, shuffle=True, seed=args.seed)
+    n_train = max(args.screen_batches * args.batch_size, 64)
+    work = Path(tempfile.mkdtemp(prefix="acl_bench_screen_steps_"))
+    runners: dict[str, Trainer] = {}
+    try:
+        for i, label in enumerate(VARIANTS):
+            gated = dict(objective="ce+scl", acl_grad=True, angle_scope="all") if label != "ce" else dict(objective="ce")
+            cfg = _cfg(args, **gated, max_train_samples=n_train, max_eval_samples=64, max_steps=100_000,
+                       device="cpu", num_threads=args.threads, save_checkpoints=False, output_dir=str(work / str(i)))
+            trainer = Trainer(cfg, overwrite=True, progress=False)  # builds; fit() is never called
+            trainer.gate = _gate(label, trainer.model)  # the public seam: this variant's gate
+            runners[label] = trainer
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    first = runners["ce"]
+    loader = make_loader(first.encoded["train"], first.tokenizer, args.batch_size, shuffle=True, seed=args.seed)
     batches = [b for _, b in zip(range(args.screen_batches), loader)]
-    work = Path(tempfile.mkdtemp(prefix="acl_bench_paths_"))
-    small = dict(max_train_samples=64, max_eval_samples=32, device="cpu", save_checkpoints=False)
-    cfg_ce = _cfg(args, objective="ce", **small)
-    cfg_gate = _cfg(args, objective="ce+scl", acl_grad=True, angle_scope="all", **small)
-    runners = {}
-    for i, label in enumerate(VARIANTS):  # one Trainer per variant (same seed: the same weights), its gate swapped
-        cfg = cfg_ce if label == "ce" else cfg_gate
-        trainer = Trainer(cfg.replace(output_dir=str(work / f"v{i}")), overwrite=True, progress=False)
-        trainer.gate = _make(label, trainer.model, cfg_ce, cfg_gate)[1]
-        runners[label] = trainer
     paths: dict[str, list] = {label: [] for label in VARIANTS}
 
     def step(label, batch) -> tuple[float, float]:
@@ -158,7 +158,6 @@ def time_paths(args, say) -> dict:
              "cpu_ratio_to_ce": statistics.median(cpu_ratios[label]),
              "cpu_ratio_iqr": [float(np.percentile(cpu_ratios[label], 25)), float(np.percentile(cpu_ratios[label], 75))],
              "n": len(times[label])} for label in VARIANTS]
-    shutil.rmtree(work, ignore_errors=True)
     return {"rows": rows, "padded_lengths": [int(b["input_ids"].shape[1]) for b in batches],
             "rounds": args.screen_rounds, "batches": len(batches)}
 
@@ -198,6 +197,7 @@ def decisions(args, say) -> dict:
     try:
         t0 = time.perf_counter()
         trainer = Trainer(cfg, overwrite=True, progress=False)
+        # the public seam: the run's own screened gate, with the alongside probe
         trainer.gate = gate = AlongsideGate([p for p in trainer.model.parameters() if p.requires_grad], lam=1.0,
                                             threshold=cfg.threshold, scope="screened")
         result = trainer.fit()
@@ -281,7 +281,7 @@ def run(args, say) -> dict:
     say("  (wall/CE: median over (round, batch) of the wall-clock ratio to CE on the same batch; CPU/CE: the same with"
         " the process's CPU time, which a loaded machine inflates far less than wall-clock (1 torch thread);"
         " the cost figures below use CPU/CE)")
-    say(f"\n  (b) real train() with angle_scope='screened', {args.screen_steps} steps, exact angle computed alongside")
+    say(f"\n  (b) real Trainer.fit() with angle_scope='screened', {args.screen_steps} steps, exact angle computed alongside")
     dec = decisions(args, say)
     ratio = {r["variant"]: r["cpu_ratio_to_ce"] for r in timing["rows"]}
     cost = dec["exact_fraction"] * ratio["screened: exact path"] + (1 - dec["exact_fraction"]) * ratio[

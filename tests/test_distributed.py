@@ -234,7 +234,7 @@ def test_reduce_grads_is_one_call_on_a_flat_buffer_and_keeps_shapes_dtypes_and_n
     assert torch.equal(a[0], torch.ones(2, 3))  # inputs untouched
 
 
-@pytest.mark.parametrize("scope", ["all", "params", "repr"])
+@pytest.mark.parametrize("scope", ["all", "params", "repr", "screened", "screened-cheap"])
 def test_gate_with_an_identity_reduce_equals_the_gate_without(scope):
     """One process with ``reduce`` (every collective the identity) takes the same decision and update."""
     from acl_lab.grad import ACLGrad
@@ -247,9 +247,16 @@ def test_gate_with_an_identity_reduce_equals_the_gate_without(scope):
         ce = torch.nn.functional.cross_entropy(head(rep), torch.arange(8) % 3)
         aux = (rep ** 2).mean() - 0.3 * head.weight.sum()
         params = [*lin.parameters(), *head.parameters()]
-        gate = ACLGrad(params, lam=1.0, threshold=90.0, scope=scope, reduce=reduce,
+        screen = None  # screened: warm-up (exact path); screened-cheap: a calibrated rule (cheap path)
+        if scope.startswith("screened"):
+            from acl_lab.grad import ScreenRule
+
+            screen = ScreenRule(warmup=1, floor=0.0, slack=0.0, pairs=[(45.0, 45.0)]) if scope == "screened-cheap" \
+                else ScreenRule()
+        gate = ACLGrad(params, lam=1.0, threshold=90.0, scope=scope.split("-")[0], reduce=reduce, screen=screen,
                        scope_params=list(head.parameters()) if scope == "params" else None)
-        rec = gate.backward(ce, aux, scope_tensors=[rep] if scope == "repr" else None)
+        rec = gate.backward(ce, aux, scope_tensors=[rep] if scope in ("repr", "screened", "screened-cheap") else None)
+        assert rec.path == ("cheap" if scope in ("params", "repr", "screened-cheap") else "exact")
         return rec, [p.grad.clone() for p in params]
 
     calls = []
