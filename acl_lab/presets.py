@@ -21,7 +21,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                   max_length=40, eval_every=25, lr=8e-5, warmup_ratio=0.1, probe_every=2),
     # the offline tasks whole, on a CPU (docs/RESULTS.md): every training sample, the full dev and test sets,
     # length 48 (96% of rt-polarity's training sentences whole; rt-3way needs 96, see TASK_OVERRIDES);
-    # epochs from a measured dev curve of a CE run (README, "The standard preset"); 5 seeds
+    # 3 epochs from a measured dev curve of a CE run (results/standard-devcurve; README, "The `standard` preset"); 5 seeds
     "standard": dict(model="minilm-l6", max_train_samples=None, max_eval_samples=None, max_steps=None, epochs=3.0,
                      batch_size=32, max_length=48, eval_every=80, lr=5e-5, warmup_ratio=0.1, probe_every=2),
     # paper-scale settings for a GPU: the whole training set, 3 epochs, length 128
