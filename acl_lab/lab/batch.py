@@ -43,7 +43,7 @@ from ..analysis.tables import markdown_table, text
 from ..assets import notebooks_dir
 from ..errors import AclLabError
 from ..atomic import write_text
-from ..locks import one_writer
+from ..locks import FolderLock
 
 NOTEBOOKS_DIR = notebooks_dir()  # the checkout's notebooks/, or the copy shipped in the wheel
 GRID_KEYS = ("notebooks", "output_dir", "output_template", "kernel", "timeout", "parameters", "grid", "after")
@@ -517,7 +517,6 @@ def _progress_bar(total: int, enabled: bool):
     return tqdm(total=total, disable=not enabled, desc="batch", unit="run", dynamic_ncols=True)
 
 
-@one_writer("batch", lambda specs, output_dir, *_, **__: output_dir)  # one batch per output folder
 def _execute(specs: list[RunSpec], output_dir: Path, kernel: str, timeout: int | None, resume: bool,
              progress: bool, table: Callable[[list[RunRecord]], pd.DataFrame], jobs: int = 1,
              scheduler: str | None = None) -> pd.DataFrame:
@@ -527,11 +526,20 @@ def _execute(specs: list[RunSpec], output_dir: Path, kernel: str, timeout: int |
     ``after`` have finished, and is recorded failed without running when one of them
     failed. The results (rows in spec order) are rewritten after every finished run, a
     line is printed for each, and a tqdm bar counts done, failed and remaining runs. On
-    Ctrl-C the running runs are stopped and the results so far are kept.
+    Ctrl-C the running runs are stopped and the results so far are kept. Bad ``jobs`` or
+    ``scheduler`` values are refused before anything is written; then the batch holds its
+    output folder's lock (one batch per folder, :class:`acl_lab.locks.FolderLock`).
     """
     from .workers import make_runner
 
     runner = make_runner(jobs, scheduler, kernel=kernel, timeout=timeout)
+    with FolderLock(output_dir, "batch"):
+        return _execute_on(runner, specs, output_dir, resume, progress, table)
+
+
+def _execute_on(runner, specs: list[RunSpec], output_dir: Path, resume: bool, progress: bool,
+                table: Callable[[list[RunRecord]], pd.DataFrame]) -> pd.DataFrame:
+    """The body of :func:`_execute`, with the runner made and the folder locked."""
     start = time.perf_counter()
     index = {spec.output_path: i for i, spec in enumerate(specs)}
     records: dict[int, RunRecord] = {}
