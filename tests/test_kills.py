@@ -194,15 +194,15 @@ def test_evidence_survives_sigkill_in_its_writes(tmp_path, one_thread):
            "results": str(tmp_path / "results"), "parts": ["pilot"]}
     rng = random.Random(SEED)
     points = [{"after": rng.uniform(0.3, 0.8) * seconds},  # somewhere in the training of its runs
-              {"kind": "write", "path": "results/runs/rt-polarity/ce-s0-", "mode": "torn"},
+              {"kind": "write", "path": "results/runs/ce-s0-", "mode": "torn"},
               {"kind": "write", "path": "results/pilot_angles.csv.tmp-PID", "nth": 0, "mode": "torn"},
               {"kind": "rename", "path": "results/plan.json", "nth": 0, "mode": "after"}]
     kills = 0
     for point in points:
-        if point.get("path", "").endswith("-"):  # a run's metrics JSON: its full name carries the config hash
-            name = next(p.name for p in (tmp_path / "ref_results/runs/rt-polarity").glob("*.json")
+        if point.get("path", "").endswith("-"):  # a run's metrics in the pack: its folder name carries the config hash
+            name = next(p.name for p in (tmp_path / "ref_results/runs").iterdir()
                         if p.name.startswith(point["path"].rsplit("/", 1)[1]))
-            point = {**point, "path": f"results/runs/rt-polarity/{name}.tmp-PID", "nth": 0}
+            point = {**point, "path": f"results/runs/{name}/metrics.json.tmp-PID", "nth": 0}
         finished = {p: p.read_bytes() for p in (tmp_path / "home/runs").glob("*/metrics.json")}
         res = run_job(job, kill=None if "after" in point else point, after=point.get("after"))
         if not res["killed"] and "after" in point:
