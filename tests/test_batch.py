@@ -40,6 +40,18 @@ def write_notebook(folder, stem="toy"):
     return path
 
 
+def parameters_notebook(path, source: str):
+    """A notebook holding only a parameters cell with ``source`` (e.g. ``"X = 1"``), for the grid checks."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": kernel_name(), "language": "python"}
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+    return path
+
+
 def write_grid(path, **grid):
     path.write_text(yaml.safe_dump(grid, sort_keys=False))
     return path
@@ -154,12 +166,7 @@ def test_bad_grids_say_what_and_how(tmp_path, toy, grid, words):
 
 
 def test_grid_values_accept_int_for_float_and_anything_for_none(tmp_path):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": kernel_name(), "language": "python"}
-    cell = nbformat.v4.new_code_cell("LAMBDA = 0.1\nMODEL = None\nOBJECTIVES = ['acl']")
-    cell.metadata["tags"] = ["parameters"]
-    nb.cells = [cell]
-    nbformat.write(nb, str(tmp_path / "f.ipynb"))
+    parameters_notebook(tmp_path / "f.ipynb", "LAMBDA = 0.1\nMODEL = None\nOBJECTIVES = ['acl']")
     specs = batch.expand_grid({"notebooks": [str(tmp_path / "f.ipynb")], "output_dir": str(tmp_path / "o"),
                                "grid": {"LAMBDA": [1, 0.5], "MODEL": ["tiny", 3], "OBJECTIVES": [["ce+scl"]]}})
     assert [s.name for s in specs][:2] == ["LAMBDA=1_MODEL=tiny_OBJECTIVES=ce+scl",

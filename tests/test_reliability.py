@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 from conftest import kernel_name
+from test_batch import parameters_notebook
 from killing import run_job
 
 from acl_lab import atomic
@@ -81,16 +82,8 @@ def test_lock_is_per_folder_and_released_on_exit(tiny_config, tmp_path):
 
 
 def test_second_batch_or_suite_on_a_busy_folder_is_refused(tmp_path, monkeypatch):
-    import nbformat
-
     nbs = tmp_path / "nbs"
-    nbs.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": kernel_name(), "language": "python"}
-    cell = nbformat.v4.new_code_cell("X = 1")
-    cell.metadata["tags"] = ["parameters"]
-    nb.cells = [cell]
-    nbformat.write(nb, str(nbs / "00_toy.ipynb"))
+    parameters_notebook(nbs / "00_toy.ipynb", "X = 1")
     out = tmp_path / "out"
     grid = nbs / "g.yaml"
     grid.write_text(yaml.safe_dump({"notebooks": ["00_toy.ipynb"], "output_dir": str(out), "grid": {"X": [1]}}))
@@ -158,14 +151,7 @@ def test_enospc_leaves_the_old_file_and_names_the_fix(tmp_path, monkeypatch):
     ("{NAME}/../../{name}.ipynb", {"NAME": ["a"]}, "would write outside"),
 ])
 def test_grid_cannot_write_outside_its_output_folder(tmp_path, template, grid, words):
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": kernel_name(), "language": "python"}
-    cell = nbformat.v4.new_code_cell('X = 1\nNAME = "a"')
-    cell.metadata["tags"] = ["parameters"]
-    nb.cells = [cell]
-    nbformat.write(nb, str(tmp_path / "toy.ipynb"))
+    parameters_notebook(tmp_path / "toy.ipynb", 'X = 1\nNAME = "a"')
     g = {"notebooks": [str(tmp_path / "toy.ipynb")], "output_dir": str(tmp_path / "out"),
          "output_template": template, "grid": grid}
     with pytest.raises(AclLabError, match=words):
@@ -260,14 +246,7 @@ def test_hand_edited_config_cannot_pass_off_a_finished_run(tiny_config):
 
 
 def test_damaged_notebook_metrics_do_not_crash_a_batch(tmp_path):
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": kernel_name(), "language": "python"}
-    cell = nbformat.v4.new_code_cell('OUTPUT_DIR = "out"\nPRESET = "smoke"')
-    cell.metadata["tags"] = ["parameters"]
-    nb.cells = [cell]
-    nbformat.write(nb, str(tmp_path / "toy.ipynb"))
+    parameters_notebook(tmp_path / "toy.ipynb", 'OUTPUT_DIR = "out"\nPRESET = "smoke"')
     metrics = tmp_path / "o" / "smoke" / "metrics" / "toy.json"
     metrics.parent.mkdir(parents=True)
     for text, words in (('{"x": 1', "not valid JSON"), ("[1, 2]", "not a mapping")):
