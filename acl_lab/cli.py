@@ -129,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sensitivity-seeds", default="", help="seeds of the sensitivity part (default: --seeds)")
     p.add_argument("--report-only", action="store_true", help="train nothing: redraw figures and tables.md from "
                                                              "the pack alone")
+    p.add_argument("--no-train", action="store_true", help="train nothing: write the part tables from the runs "
+                                                          "already in the pack or --runs-home (a partial pack says "
+                                                          "how many runs each part has), then the report")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="train only share I of N of every part's runs (whole seeds first) and write no table; run "
+                        "N such processes side by side (one torch thread each: --threads 1), then once with "
+                        "--no-train")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of this process (default: torch's)")
     return parser
 
 
@@ -231,8 +239,13 @@ def _numbers(text: str, kind, flag: str) -> list:
 
 
 def _cmd_evidence(args) -> int:
-    from .lab.evidence import EvidencePlan, build_report, run_evidence
+    from .lab.evidence import EvidencePlan, build_report, parse_shard, run_evidence
 
+    shard = parse_shard(args.shard)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if not args.report_only:
         import shlex
 
@@ -246,7 +259,11 @@ def _cmd_evidence(args) -> int:
                             part_seeds={"sensitivity": sens_seeds} if sens_seeds else {})
         command = "python -m acl_lab " + shlex.join(args.argv)
         run_evidence(plan, args.runs_home, args.results, parts=[p.strip() for p in args.parts.split(",") if p.strip()],
-                     command=command)
+                     command=command, train=not args.no_train, shard=shard)
+        if shard is not None:
+            print(f"shard {args.shard} done; when every shard is, write the tables with the same command, --no-train "
+                  "instead of --shard")
+            return 0
     print(f"wrote {build_report(args.results)} and {args.results / 'figures'}/")
     return 0
 

@@ -2,10 +2,11 @@
 
 Two stages, so that the published figures can be redrawn without training:
 
-* :func:`run_evidence` trains (or reads back, through :func:`acl_lab.lab.experiments.run_many`'s
-  run cache) every run the comparisons need, sweeps early exit, and writes small CSV and
-  JSON files under ``results_dir`` after *each* part, so an interrupted session keeps the
-  parts it finished;
+* :func:`run_evidence` trains (or reads back, from :func:`acl_lab.lab.experiments.run_many`'s
+  run cache or from the pack) every run the comparisons need, copies each finished run into
+  the pack at once, sweeps early exit, and writes small CSV and JSON files under ``results_dir``
+  after *each* part, so an interrupted session keeps every run it finished; ``--shard I/N``
+  splits the training over processes side by side;
 * :func:`build_report` reads only those files and writes the PNG figures and
   ``tables.md``. ``python -m acl_lab evidence --report-only`` runs it alone.
 
@@ -125,52 +126,134 @@ def _save_part(results_dir: Path, part: str, frame: pd.DataFrame) -> Path:
     return path
 
 
-def _save_runs(results_dir: Path, results: Iterable, reps_seed: int | None, rep_samples: int) -> None:
-    """Copy each run's small files into the pack, ``results_dir/runs/<run folder>/`` (:data:`PACK_RUN_FILES`, and
-    ``history.jsonl`` as ``history.jsonl.gz``: it is most of a pack's size), and, for runs of seed ``reps_seed``, its representations shrunk to ``rep_samples`` float16 dev samples.
+def _save_run(results_dir: Path, r: Any, reps_seed: int | None, rep_samples: int) -> None:
+    """Copy one run's small files into the pack, ``results_dir/runs/<run folder>/`` (:data:`PACK_RUN_FILES`, and
+    ``history.jsonl`` as ``history.jsonl.gz``: it is most of a pack's size), and, for a run of seed ``reps_seed``, its
+    representations shrunk to ``rep_samples`` float16 dev samples. A run read from the pack itself is left as it is.
 
     The pack's ``runs/`` is an exception in .gitignore (``/results/*/runs/``); other ``runs/`` folders are run
     caches and stay ignored."""
     from ..evaluate import shrink_representations
 
-    for r in results:
-        src = Path(r.output_dir)
-        dest = results_dir / "runs" / src.name
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in PACK_RUN_FILES:
-            if (src / name).is_file():
-                with target(dest / name) as tmp:  # complete or absent, like every file the kit writes
-                    shutil.copyfile(src / name, tmp)
-        if (src / "history.jsonl").is_file():  # mtime 0: the same history gives the same bytes
-            with target(dest / "history.jsonl.gz") as tmp:
-                Path(tmp).write_bytes(gzip.compress((src / "history.jsonl").read_bytes(), mtime=0))
-        reps = src / "representations.safetensors"
-        if reps_seed is not None and r.config.seed == reps_seed and reps.is_file():
-            shrink_representations(reps, dest / reps.name, rep_samples)
+    src = Path(r.output_dir)
+    dest = results_dir / "runs" / src.name
+    if src.resolve() == dest.resolve():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in PACK_RUN_FILES:
+        if (src / name).is_file():
+            with target(dest / name) as tmp:  # complete or absent, like every file the kit writes
+                shutil.copyfile(src / name, tmp)
+    if (src / "history.jsonl").is_file():  # mtime 0: the same history gives the same bytes
+        with target(dest / "history.jsonl.gz") as tmp:
+            Path(tmp).write_bytes(gzip.compress((src / "history.jsonl").read_bytes(), mtime=0))
+    reps = src / "representations.safetensors"
+    if reps_seed is not None and r.config.seed == reps_seed and reps.is_file():
+        shrink_representations(reps, dest / reps.name, rep_samples)
+
+
+EARLY_OBJECTIVES = ("me-ce", "me-acl-cl")
+EARLY_FILE = "early_exit.csv"  # per multi-exit run of the pack: its early-exit sweep (needs the checkpoint once)
+
+
+def part_configs(plan: EvidencePlan, part: str, task: str) -> list[TrainConfig]:
+    """The runs ``part`` needs on ``task``: :meth:`EvidencePlan.configs`, restricted for ``early`` to the
+    multi-exit models it sweeps (:data:`EARLY_OBJECTIVES`)."""
+    configs = plan.configs(part, task)
+    return [c for c in configs if c.objective in EARLY_OBJECTIVES] if part == "early" else configs
+
+
+def shard_of(configs: list[TrainConfig], shard: tuple[int, int] | None) -> list[TrainConfig]:
+    """Shard ``i`` of ``n`` of ``configs``: every n-th run in seed order, so that shards running side by side finish
+    whole seeds first. ``None``: all of them, in plan order."""
+    if shard is None:
+        return list(configs)
+    i, n = shard
+    if not (n >= 1 and 0 <= i < n):
+        raise AclLabError(f"Shard {i}/{n} does not exist. Fix: give --shard I/N with 0 <= I < N, e.g. 0/2 and 1/2 for "
+                          "two processes.")
+    ordered = sorted(configs, key=lambda c: c.seed)  # stable: the plan's objective order within a seed
+    return ordered[i::n]
+
+
+def obtain_run(cfg: TrainConfig, runs_home: Path, results_dir: Path, train: bool, need_checkpoint: bool = False,
+               progress: bool = True) -> Any | None:
+    """The finished run of ``cfg``: from the run cache ``runs_home/runs`` (with its checkpoint), else from the pack's
+    ``runs/`` (small files only, so not when ``need_checkpoint``), else trained into the cache when ``train``
+    (an interrupted run resumes); ``None`` when it is nowhere and ``train`` is False."""
+    from ..analysis.runs import run_name
+    from ..result import is_finished, load_result
+    from .experiments import run_many
+
+    home = runs_home / "runs" / run_name(cfg)
+    packed = results_dir / "runs" / run_name(cfg)
+    if is_finished(home) and (not need_checkpoint or (home / "checkpoints" / "best").is_dir()):
+        return load_result(home)
+    if is_finished(packed) and not need_checkpoint:
+        return load_result(packed)
+    if not train:
+        return None
+    return run_many([cfg], runs_home, progress=progress)[0]
+
+
+def _early_rows(plan: EvidencePlan, r: Any, results_dir: Path) -> pd.DataFrame:
+    """One multi-exit run's early-exit sweep at every batch size of ``plan``, saved beside its pack files (so the
+    sweep, which needs the checkpoint, is done once, in the session that trained the run)."""
+    from ..early_exit import sweep_run
+
+    frame = pd.concat([sweep_run(r.output_dir, plan.exit_settings, split=plan.exit_split, repeats=plan.exit_repeats,
+                                 batch_size=bs, max_samples=None if bs > 1 else plan.latency_samples)
+                       for bs in plan.exit_batch_sizes], ignore_index=True).drop(columns=["run"])
+    path = results_dir / "runs" / Path(r.output_dir).name / EARLY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with target(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return frame
+
+
+def part_runs(plan: EvidencePlan, part: str, task: str, runs_home: Path, results_dir: Path, train: bool = True,
+              shard: tuple[int, int] | None = None, progress: bool = True) -> tuple[list, list[pd.DataFrame]]:
+    """Obtain (:func:`obtain_run`) the runs of ``part`` on ``task`` (only ``shard`` of them, when given), copying
+    each into the pack as soon as it is there, so a session cut short keeps every run it finished. For ``early``,
+    also each run's sweep (read from the pack when it was done before). Returns (runs, early sweeps)."""
+    from ..analysis.runs import run_name
+
+    reps_seed = min(plan.seeds_for(part)) if part in REPRESENTATION_PARTS else None
+    results, sweeps = [], []
+    for cfg in shard_of(part_configs(plan, part, task), shard):
+        if part == "early":
+            saved = results_dir / "runs" / run_name(cfg) / EARLY_FILE
+            if saved.is_file():
+                sweeps.append(pd.read_csv(saved))
+                continue
+        r = obtain_run(cfg, runs_home, results_dir, train, need_checkpoint=part == "early", progress=progress)
+        if r is None:
+            continue
+        _save_run(results_dir, r, reps_seed if part != "early" else None, plan.rep_samples)
+        results.append(r)
+        if part == "early":
+            sweeps.append(_early_rows(plan, r, results_dir))
+    return results, sweeps
 
 
 def run_part(plan: EvidencePlan, part: str, task: str, runs_home: Path, results_dir: Path,
-             progress: bool = True) -> pd.DataFrame:
-    """Train (or read back) one part's runs on ``task`` and return its long table (with a ``task`` column)."""
+             progress: bool = True, train: bool = True) -> pd.DataFrame | None:
+    """Obtain one part's runs on ``task`` (:func:`part_runs`; ``train=False``: only those already finished) and
+    return its long table (with a ``task`` column), or ``None`` when no run of it is there yet."""
     from ..analysis.gradients import angle_long_frame
     from ..analysis.runs import history_frame, per_exit_frame, results_frame
-    from ..early_exit import sweep_run
-    from .experiments import run_many
 
-    results = run_many(plan.configs(part, task), runs_home, progress=progress)
-    reps_seed = min(plan.seeds_for(part)) if part in REPRESENTATION_PARTS else None
-    _save_runs(results_dir, results, reps_seed, plan.rep_samples)
+    results, sweeps = part_runs(plan, part, task, Path(runs_home), Path(results_dir), train=train, progress=progress)
+    if part == "early":
+        return _with_task(pd.concat(sweeps, ignore_index=True), task) if sweeps else None
+    if not results:
+        return None
     if part == "pilot":
         return _with_task(angle_long_frame(history_frame(results)), task)
     if part in ("single", "sensitivity", "gate"):
         return _with_task(results_frame(results).drop(columns=["run"]), task)
-    if part == "multi":
-        frames = [per_exit_frame(results, split).assign(split=split) for split in ("dev", "test")]
-        return _with_task(pd.concat(frames, ignore_index=True), task)
-    sweeps = [sweep_run(r.output_dir, plan.exit_settings, split=plan.exit_split, repeats=plan.exit_repeats,
-                        batch_size=bs, max_samples=None if bs > 1 else plan.latency_samples)
-              for bs in plan.exit_batch_sizes for r in results if r.config.objective in ("me-ce", "me-acl-cl")]
-    return _with_task(pd.concat(sweeps, ignore_index=True).drop(columns=["run"]), task)
+    frames = [per_exit_frame(results, split).assign(split=split) for split in ("dev", "test")]
+    return _with_task(pd.concat(frames, ignore_index=True), task)
 
 
 def _git_commit() -> str:
@@ -198,14 +281,54 @@ def plan_of(results_dir: str | Path) -> EvidencePlan:
     return EvidencePlan(**{k: v for k, v in raw.items() if k in known})
 
 
+def _update_meta(meta_path: Path, change: Any) -> None:
+    """Read ``plan.json``, apply ``change(meta)`` and write it back, holding a lock beside it, so shards running
+    side by side never lose each other's entries."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: one writer is the user's business
+        fcntl = None  # type: ignore[assignment]
+    lock_path = meta_path.with_name(".plan.lock")
+    with open(lock_path, "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        change(meta)
+        write_json(meta_path, meta, indent=1)
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``"0/2"`` -> ``(0, 2)``; ``None``/``""`` -> ``None``; anything else a clear error."""
+    if not text:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise AclLabError(f"--shard {text!r} is not I/N. Fix: e.g. --shard 0/2 in one process and --shard 1/2 in "
+                          "another.") from None
+    shard_of([], (i, n))  # checks the range
+    return i, n
+
+
 def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | Path,
-                 parts: Iterable[str] = PARTS, progress: bool = True, command: str | None = None) -> dict[str, Path]:
+                 parts: Iterable[str] = PARTS, progress: bool = True, command: str | None = None,
+                 train: bool = True, shard: tuple[int, int] | None = None) -> dict[str, Path]:
     """Run ``parts`` for every task of ``plan``; after each (part, task), rewrite that part's CSV.
 
-    Runs (with checkpoints) live under ``runs_home/runs`` and are reused by config;
-    ``results_dir`` gets only small files: the CSVs, each run's metrics JSON, and
-    ``plan.json`` (the plan, the machine, the seconds each part took).
+    Runs (with checkpoints) live under ``runs_home/runs`` and are reused by config; each finished
+    run is copied into the pack (``results_dir/runs/``) at once, and a run already in the pack is
+    read from there, so a later session goes on from a committed pack (only ``early`` needs a
+    checkpoint, and sweeps each model once, see :func:`part_runs`). ``results_dir`` gets only small
+    files: the part CSVs, the runs' small files, and ``plan.json`` (the plan, the commands, the
+    machine, the seconds each part took, and how many of each part's runs are in).
+
+    ``train=False`` trains nothing: the CSVs are written from the runs already there (a partial
+    pack says so in ``plan.json["done"]``). With ``shard=(i, n)`` this process trains only its
+    share of each part (:func:`shard_of`) and writes no CSV; run the shards side by side, then
+    once more with ``train=False`` to write the tables.
     """
+    from ..analysis.runs import run_name
+
     parts = list(parts)
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
@@ -213,28 +336,52 @@ def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | P
     runs_home, results_dir = Path(runs_home), Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     meta_path = results_dir / "plan.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    meta.update({"plan": asdict(plan), "machine": _machine(), "commit": _git_commit()})
-    if command:  # the latest, and every command that added to this pack
-        meta["command"] = command
-        meta.setdefault("commands", []).append(command)
-    meta.setdefault("seconds", {})
+
+    def start(meta: dict) -> None:
+        meta.update({"plan": asdict(plan), "machine": _machine(), "commit": _git_commit()})
+        if command:  # the latest, and every command that added to this pack
+            meta["command"] = command
+            meta.setdefault("commands", []).append(command)
+        meta.setdefault("seconds", {})
+
+    _update_meta(meta_path, start)
     written = {}
     for part in parts:
-        frames = []
-        old = results_dir / FILES[part]
-        kept = pd.read_csv(old) if old.exists() else None
-        for i, task in enumerate(plan.tasks):
+        for task in plan.tasks:
             t0 = time.perf_counter()
-            frames.append(run_part(plan, part, task, runs_home, results_dir, progress=progress))
-            meta["seconds"][f"{part}/{task}"] = round(time.perf_counter() - t0, 1)
-            # rows of other tasks from an earlier session stay; the rows of the tasks run now are replaced
-            keep = kept[~kept["task"].isin(plan.tasks[:i + 1])] if kept is not None else None
-            earlier = [keep] if keep is not None and len(keep) else []  # no empty frame: it would turn ints to floats
-            written[part] = _save_part(results_dir, part, pd.concat([*earlier, *frames], ignore_index=True))
-            meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-            write_json(meta_path, meta, indent=1)
+            if shard is not None:
+                part_runs(plan, part, task, runs_home, results_dir, train=train, shard=shard, progress=progress)
+                key = f"{part}/{task}/shard {shard[0]}/{shard[1]}"
+                _update_meta(meta_path, lambda m: m["seconds"].update({key: round(time.perf_counter() - t0, 1)}))
+                continue
+            frame = run_part(plan, part, task, runs_home, results_dir, progress=progress, train=train)
+            planned = part_configs(plan, part, task)
+            packed = results_dir / "runs"
+            done = sum((packed / run_name(c) / (EARLY_FILE if part == "early" else "metrics.json")).is_file()
+                       for c in planned)
+            old = results_dir / FILES[part]
+            kept = pd.read_csv(old) if old.exists() else None
+            # rows of other tasks stay; the rows of this task are replaced
+            keep = kept[kept["task"] != task] if kept is not None else None
+            frames = [f for f in (keep, frame) if f is not None and len(f)]  # no empty frame: it turns ints to floats
+            if frames:
+                written[part] = _save_part(results_dir, part, pd.concat(frames, ignore_index=True))
+
+            def finish(meta: dict, key: str = f"{part}/{task}", seconds: float = time.perf_counter() - t0,
+                       done: int = done, planned: int = len(planned)) -> None:
+                if train:
+                    meta["seconds"][key] = round(seconds, 1)
+                meta.setdefault("done", {})[key] = {"runs": done, "planned": planned}
+                meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+
+            _update_meta(meta_path, finish)
     return written
+
+
+def pack_progress(meta: dict[str, Any]) -> list[str]:
+    """The parts of a pack that are not complete, as ``"single/rt-3way: 12 of 20 runs"`` (from ``plan.json``)."""
+    return [f"{key}: {d['runs']} of {d['planned']} runs" for key, d in (meta.get("done") or {}).items()
+            if d["runs"] < d["planned"]]
 
 
 # ---------------------------------------------------------------------------
@@ -392,6 +539,9 @@ def pack_caption(meta: dict[str, Any]) -> str:
     plan = meta.get("plan") or {}
     seeds = plan.get("seeds") or []
     text = f"saved: {plan.get('preset', '?')} preset, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
+    done = list((meta.get("done") or {}).values())
+    if any(d["runs"] < d["planned"] for d in done):
+        text += f" (partial: {sum(d['runs'] for d in done)} of {sum(d['planned'] for d in done)} runs in)"
     return text + (f", command {meta['command']}" if meta.get("command") else "")
 
 
@@ -414,6 +564,11 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
     out = ["# Evidence tables", "", "Generated by `python -m acl_lab evidence --report-only --results "
            f"{results_dir}` from the CSV files beside this one; do not edit by hand.", ""]
 
+    missing = pack_progress(meta)
+    if missing:
+        out += ["**A partial pack.** These parts hold fewer runs than planned (the tables below use the runs that are "
+                "in; the paired statistics use the seeds both sides have): " + "; ".join(missing) + ". The same "
+                "command goes on from here.", ""]
     plan = EvidencePlan(**{k: v for k, v in (meta.get("plan") or {}).items() if k in EvidencePlan.__dataclass_fields__})
     caption = pack_caption(meta)
     pack_runs = (results_dir / "runs").is_dir()
