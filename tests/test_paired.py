@@ -98,6 +98,8 @@ def test_example_paired_averages_seeds_and_tests_each():
 
 def test_difference_text():
     assert difference_text("ACL", "CE", 0.004, -0.002, 0.010) == "ACL − CE: +0.4 points, 95% CI [−0.2, +1.0]"
+    nan = float("nan")
+    assert difference_text("ACL", "CE", 0.004, nan, nan) == "ACL − CE: +0.4 points, no interval from one value"
 
 
 def test_every_run_saves_its_per_example_predictions(tiny_config):

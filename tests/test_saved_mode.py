@@ -131,6 +131,11 @@ def test_missing_runs_name_the_runs_and_the_command(smoke_pack):
         src.runs(configs, "single")
     assert run_name(configs[0]) in str(err.value) and "python -m acl_lab evidence" in str(err.value)
     assert "--tasks rt-3way --parts single" in str(err.value)
+    # a partial pack: the runs that are in, and a warning naming the missing one
+    present = plans.single("smoke", "rt-polarity", seeds=[0], objectives=["ce"])
+    with pytest.warns(UserWarning, match="A partial pack.*holds 1 of the 2 runs.*" + run_name(configs[0])):
+        got = src.runs(present + configs, "single")
+    assert [run_name(r.config) for r in got] == [run_name(present[0])]
     with pytest.raises(AclLabError, match="no results pack"):
         open_source(str(root / "nowhere"), "quick", root / "out")
     assert open_source("live", "quick", root / "out").caption([0, 1]) == "live: quick preset, 2 seeds"

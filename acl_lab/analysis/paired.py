@@ -128,7 +128,10 @@ def signed(value: float, digits: int = 1) -> str:
 
 def difference_text(name_a: str, name_b: str, mean: float, low: float, high: float, scale: float = 100.0,
                     unit: str = "points", digits: int = 1) -> str:
-    """``"ACL − CE: +0.4 points, 95% CI [−0.2, +1.0]"`` (accuracies times ``scale`` = 100: points)."""
+    """``"ACL − CE: +0.4 points, 95% CI [−0.2, +1.0]"`` (accuracies times ``scale`` = 100: points); without an
+    interval (one seed) ``"ACL − CE: +0.4 points, no interval from one value"``."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{name_a} {MINUS} {name_b}: {signed(mean * scale, digits)} {unit}, no interval from one value"
     return (f"{name_a} {MINUS} {name_b}: {signed(mean * scale, digits)} {unit}, "
             f"{round(CONFIDENCE * 100)}% CI [{signed(low * scale, digits)}, {signed(high * scale, digits)}]")
 

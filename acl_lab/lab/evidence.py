@@ -653,7 +653,9 @@ def build_report(results_dir: str | Path, metric: str = "accuracy") -> Path:
                 f"{meta.get('commit', '?')}.", "", f"Machine: {meta['machine']['platform']}, "
                 f"{meta['machine']['cpu_count']} CPU(s), device {meta['machine']['device']}, torch "
                 f"{meta['machine']['versions'].get('torch', '?')}.", "",
-                markdown_table(pd.DataFrame([{"part/task": k, "seconds": v} for k, v in meta.get("seconds", {}).items()])), ""]
+                (markdown_table(pd.DataFrame([{"part/task": k, "seconds": v} for k, v in meta["seconds"].items()]))
+                 if meta.get("seconds") else "No part has been timed yet (a shard records its seconds when it ends)."),
+                ""]
     path = results_dir / "tables.md"
     write_text(path, "\n".join(out))
     return path

@@ -86,14 +86,27 @@ class RunSource:
     # ---- runs -----------------------------------------------------------
     def runs(self, configs: Iterable[TrainConfig], part: str, live_root: str | Path | None = None,
              progress: bool = True) -> list[TrainResult]:
-        """Live: train (or read back) ``configs`` under ``live_root`` (default :attr:`out`); saved: every one of them
-        from the pack, or one :class:`AclLabError` naming the missing runs and the command that makes them."""
+        """Live: train (or read back) ``configs`` under ``live_root`` (default :attr:`out`); saved: those of them that
+        are in the pack. A partial pack (a long computation still going on, see ``plan.json["done"]``) shows the
+        runs it has with a warning naming the missing ones; none at all is one :class:`AclLabError` naming the
+        runs and the command that makes them."""
         configs = list(configs)
         if self.live:
             from .experiments import run_many
 
             return run_many(configs, live_root or self.out, progress=progress)
-        return self.find(configs, part, strict=True)
+        found = self.find(configs, part, strict=False)
+        if not found:
+            raise self.missing(configs, part)
+        if len(found) < len(configs):
+            import warnings
+
+            have = {Path(r.output_dir).name for r in found}
+            lacking = [run_name(c) for c in configs if run_name(c) not in have]
+            warnings.warn(f"A partial pack: {self.pack} holds {len(found)} of the {len(configs)} runs of part {part!r} "
+                          f"this notebook reads; showing those. Missing: {', '.join(lacking[:6])}"
+                          f"{' ...' if len(lacking) > 6 else ''}. The pack's command goes on from here.", stacklevel=2)
+        return found
 
     def find(self, configs: Iterable[TrainConfig], part: str, strict: bool | None = None) -> list[TrainResult]:
         """The finished runs of ``configs`` (nothing trains). Live, missing ones are left out; saved (or
