@@ -46,7 +46,7 @@ PARTS = ("pilot", "single", "gate", "multi", "early", "sensitivity")
 FILES = {"pilot": "pilot_angles.csv", "single": "single_exit.csv", "gate": "acl_grad_gate.csv",
          "multi": "multi_exit.csv", "early": "early_exit.csv", "sensitivity": "sensitivity.csv"}
 #: the run files a pack keeps (checkpoints never; representations for one seed per objective, see module docstring)
-PACK_RUN_FILES = ("config.json", "metrics.json", "predictions.npz")  # and history.jsonl, gzipped
+PACK_RUN_FILES = ("config.json", "predictions.npz")  # and history.jsonl, gzipped, and metrics.json (last)
 REPRESENTATION_PARTS = ("single", "multi")
 
 
@@ -139,6 +139,9 @@ def _save_run(results_dir: Path, r: Any, reps_seed: int | None, rep_samples: int
     dest = results_dir / "runs" / src.name
     if src.resolve() == dest.resolve():
         return
+    done = dest / "metrics.json"
+    if done.is_file() and done.read_bytes() == (src / "metrics.json").read_bytes():
+        return  # copied before (metrics.json is copied last): the pack's bytes stay as committed
     dest.mkdir(parents=True, exist_ok=True)
     for name in PACK_RUN_FILES:
         if (src / name).is_file():
@@ -149,7 +152,10 @@ def _save_run(results_dir: Path, r: Any, reps_seed: int | None, rep_samples: int
             Path(tmp).write_bytes(gzip.compress((src / "history.jsonl").read_bytes(), mtime=0))
     reps = src / "representations.safetensors"
     if reps_seed is not None and r.config.seed == reps_seed and reps.is_file():
-        shrink_representations(reps, dest / reps.name, rep_samples)
+        with target(dest / reps.name) as tmp:
+            shrink_representations(reps, tmp, rep_samples)
+    with target(done) as tmp:  # last: its presence says the copy is complete
+        shutil.copyfile(src / "metrics.json", tmp)
 
 
 EARLY_OBJECTIVES = ("me-ce", "me-acl-cl")
