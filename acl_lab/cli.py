@@ -68,12 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_config_flags(p)
 
-    p = sub.add_parser("early-exit", help="threshold sweep of early exit on a trained multi-exit run")
+    p = sub.add_parser("early-exit", help="threshold sweep of early exit on a trained multi-exit run",
+                       description="Example: python -m acl_lab early-exit --run runs/me --criterion entropy "
+                                   "--thresholds 0.1,0.3,0.5. With --calibrate 0.01 it picks, on --calibrate-split, "
+                                   "the threshold with the largest layer speed-up that loses at most 0.01 (one "
+                                   "point) of the task's main metric, then times that threshold on --split.")
     p.add_argument("--run", required=True, help="a run's output dir (or a checkpoint folder)")
     p.add_argument("--criterion", default="entropy", help="entropy, maxprob or patience (default: entropy)")
     p.add_argument("--thresholds", default=None,
-                   help="comma-separated; default 0.05..0.6 for entropy, 0.99..0.6 for maxprob, 0..5 for patience")
-    p.add_argument("--split", default="dev", help="dev or test (default: dev)")
+                   help="comma-separated; default 0.05..0.6 for entropy, 0.99..0.6 for maxprob, 0..5 for patience "
+                        "(with --calibrate: the candidates; default a 0.01-step grid, patience 0..layers-1)")
+    p.add_argument("--split", default=None, help="dev or test (default: dev; test with --calibrate)")
+    p.add_argument("--calibrate", type=float, default=None, metavar="MAX_DROP",
+                   help="pick the threshold on --calibrate-split: the largest layer speed-up whose drop of the "
+                        "main metric against the full model is <= MAX_DROP (a fraction: 0.01 is one point), "
+                        "then sweep only that threshold on --split")
+    p.add_argument("--calibrate-split", default="dev", help="the split --calibrate picks on (default: dev)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2, help="timed passes per setting; the best is kept")
     p.add_argument("--device", default="auto")
@@ -186,13 +196,41 @@ def _cmd_early_exit(args) -> None:
     task = get_task(cfg.task)
     defaults = {"entropy": "0.05,0.1,0.2,0.3,0.4,0.5,0.6", "maxprob": "0.99,0.95,0.9,0.8,0.7,0.6",
                 "patience": "0,1,2,3,4,5"}
-    thresholds = _numbers(args.thresholds or defaults.get(args.criterion, ""), float, "--thresholds")
+    calibrating = args.calibrate is not None
+    split = args.split or ("test" if calibrating else "dev")
+    if calibrating:
+        candidates = _numbers(args.thresholds, float, "--thresholds") if args.thresholds else None
+    else:
+        thresholds = _numbers(args.thresholds or defaults.get(args.criterion, ""), float, "--thresholds")
     data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, max_eval_samples=cfg.max_eval_samples,
                      seed=cfg.seed)
-    if args.split not in data:
-        raise AclLabError(f"Split {args.split!r} is not in task {cfg.task!r}; available: {', '.join(data)}.")
+    for name, flag in ((split, "--split"), *(((args.calibrate_split, "--calibrate-split"),) if calibrating else ())):
+        if name not in data:
+            if calibrating and flag == "--split" and args.split is None:
+                hint = (" Fix: this task has no test split; pass --split dev to time the chosen threshold on the "
+                        "split it was picked on (optimistic), or use a task with one (rt-polarity, rt-3way).")
+            else:
+                hint = f" Fix: pass {flag} with one of those."
+            raise AclLabError(f"Split {name!r} is not in task {cfg.task!r}; available: {', '.join(data)}.{hint}")
     enc = tokenize(data, tokenizer, cfg.max_length)
-    loader = make_loader(enc[args.split], tokenizer, args.batch_size, shuffle=False)
+    loader = make_loader(enc[split], tokenizer, args.batch_size, shuffle=False)
+    if calibrating:
+        from .early_exit import calibrate
+
+        dev_loader = make_loader(enc[args.calibrate_split], tokenizer, args.batch_size, shuffle=False)
+        cal = calibrate(model, dev_loader, task, args.criterion, max_drop=args.calibrate, thresholds=candidates,
+                        device=device)
+        m = cal["metric"]
+        print(f"calibrated on {args.calibrate_split} ({cal['n_samples']} samples, {len(cal['table'])} candidates, "
+              f"max drop {cal['max_drop']:g}): {cal['criterion']} threshold {cal['threshold']:g}"
+              + (" (nothing beat the full model within the budget)" if cal["fallback"] else ""))
+        print(f"  {args.calibrate_split} {m} {cal['dev_' + m]:.4f} vs full {cal['full_dev_' + m]:.4f} "
+              f"(drop {cal['quality_drop']:.4f}), mean exit layer {cal['mean_exit_layer']:.2f}, "
+              f"layer speed-up {cal['layer_speedup']:.2f}x")
+        if split == args.calibrate_split:
+            print(f"  note: --split {split} is the split the threshold was picked on, so its quality is optimistic")
+        print(f"{split} (timed; the quality and wall-clock speed-up of the chosen threshold):")
+        thresholds = [cal["threshold"]]
     rows = sweep(model, loader, task, args.criterion, thresholds, device, repeats=args.repeats)
     import pandas as pd
 

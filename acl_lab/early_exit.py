@@ -11,11 +11,18 @@ classifier decides who leaves (docs/METHOD.md, "Early exit"):
 Those who leave are dropped from the hidden-state tensor, so later layers run on a
 smaller batch; every sample leaves at the last layer at the latest. This is why it
 works at any batch size, not only at batch size 1.
+
+A threshold that (almost) never fires gives speed-up 1 and still pays for every
+exit head (DeeBERT issue #22): :func:`sweep` warns about it (``last_layer_share``).
+:func:`calibrate` picks, on dev, the threshold with the largest layer speed-up whose
+quality drop against the full model stays within a budget; it simulates every
+candidate from one stored pass (:func:`exit_logits`, :func:`simulate_exits`).
 """
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +38,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 CRITERIA = ("entropy", "maxprob", "patience")
+NEVER_FIRES_SHARE = 0.95  # sweep warns when at least this share of samples leaves at the last layer
+DROP_TOLERANCE = 1e-12  # float slack on "quality_drop <= max_drop" (as in acl_lab.analysis.exits.best_speedup)
+LOOSER = {"entropy": "a higher entropy threshold", "maxprob": "a lower maxprob threshold",
+          "patience": "a smaller patience"}  # the looser setting of each criterion (exits more samples early)
 
 
 @dataclass
@@ -53,9 +64,13 @@ def _check(model: MultiExitClassifier, criterion: str, threshold: float) -> None
     if not model.multi_exit:
         raise AclLabError("Early exit needs a classifier on every layer, but this model has one exit. "
                           "Fix: train it with a multi-exit objective (me-ce, me-acl or me-acl-cl).")
+    _check_setting(criterion, threshold)
+
+
+def _check_setting(criterion: str, threshold: float) -> None:
     if criterion not in CRITERIA:
         raise bad_value("criterion", criterion, CRITERIA, "use 'entropy' (DeeBERT) or 'patience' (PABEE).")
-    if criterion == "patience" and (threshold < 0 or threshold != int(threshold)):
+    if criterion == "patience" and (not math.isfinite(threshold) or threshold < 0 or threshold != int(threshold)):
         raise bad_value("patience", threshold, "an integer >= 0", "use e.g. 2.")
     if criterion != "patience" and not 0.0 <= threshold <= 1.0:
         raise bad_value("threshold", threshold, "a number in [0, 1]", "use e.g. 0.3 for entropy, 0.9 for maxprob.")
@@ -152,14 +167,197 @@ def sweep(model: MultiExitClassifier, loader, task: TaskSpec, criterion: str, th
         layers = torch.cat([o.exit_layers for o in outs]).float().cpu().numpy()
         metrics = compute_metrics(task, preds, labels)
         mean_layers = float(layers.mean())
+        share = float((layers == model.exit_layers[-1]).mean())
         rows.append({
             "criterion": criterion, "threshold": thr, **metrics,
             "full_" + task.main_metric: full_metrics[task.main_metric],
             "quality_drop": full_metrics[task.main_metric] - metrics[task.main_metric],
             "mean_exit_layer": mean_layers, "layer_speedup": model.num_layers / mean_layers,
             "wall_speedup": full_time / t, "seconds": t, "full_seconds": full_time,
+            "last_layer_share": share,
         })
+        if share >= NEVER_FIRES_SHARE and len(model.exit_layers) > 1:
+            warnings.warn(never_fires_message(criterion, thr, share, model.exit_layers[-1]), UserWarning, stacklevel=2)
     return rows
+
+
+def never_fires_message(criterion: str, threshold: float, share: float, last_layer: int) -> str:
+    """The warning :func:`sweep` gives when ``share`` (>= :data:`NEVER_FIRES_SHARE`) of samples used every layer."""
+    return (f"early exit: the {criterion} threshold {threshold:g} almost never fires: {share:.1%} of the samples "
+            f"left at the last layer ({last_layer}), so the speed-up is about 1 while every layer still pays for "
+            f"its exit head (as in DeeBERT issue #22). Fix: use a looser threshold: {LOOSER[criterion]} than "
+            f"{threshold:g} (in general a higher entropy threshold, a lower maxprob, a smaller patience), or let "
+            "`python -m acl_lab early-exit --run RUN --calibrate 0.01` pick one on dev.")
+
+
+# ---------------------------------------------------------------------------
+# calibration: pick a threshold on dev for a target quality drop
+# ---------------------------------------------------------------------------
+@torch.no_grad()
+def exit_logits(model: MultiExitClassifier, loader, device: torch.device | str | None = None
+                ) -> tuple[torch.Tensor, np.ndarray]:
+    """Every exit's logits for every sample of ``loader`` in one full pass, and the labels.
+
+    Returns ``(logits, labels)``: float logits of shape ``[n_exits, N, C]`` on the CPU, in
+    ``model.exit_layers`` order, computed with the same ``embed``/``layer``/``pool``/``head_logits``
+    steps as :func:`early_exit_predict` (so :func:`simulate_exits` on them makes its decisions), and
+    the labels as a numpy array. The last exit's logits are the full model's (:func:`full_predict`).
+    ``device`` is where the batches go (default: the model's device).
+    """
+    if not model.multi_exit:
+        _check(model, "entropy", 0.0)
+    model.eval()
+    device = next(model.parameters()).device if device is None else torch.device(device)
+    chunks, labels = [], []
+    for batch in loader:
+        if "labels" not in batch:
+            raise AclLabError("exit_logits needs labelled batches (a 'labels' entry). "
+                              "Fix: build the loader with acl_lab.data.make_loader on a tokenized split.")
+        b = {k: v.to(device) for k, v in batch.items() if k != "labels"}
+        hidden, mask = model.embed(b["input_ids"], b["attention_mask"], b.get("token_type_ids"))
+        per_exit = []
+        for i, k in enumerate(model.exit_layers):
+            hidden = model.layer(k, hidden, mask)
+            per_exit.append(model.head_logits(i, model.pool(hidden, mask)).float().cpu())
+        chunks.append(torch.stack(per_exit))
+        labels.append(np.asarray(batch["labels"].cpu().numpy() if hasattr(batch["labels"], "cpu")
+                                 else batch["labels"]))
+    if not chunks:
+        raise AclLabError("The loader gave no batches, so there is nothing to calibrate or evaluate on. "
+                          "Fix: pass a loader over a non-empty split (check max_eval_samples and the split name).")
+    return torch.cat(chunks, dim=1), np.concatenate(labels)
+
+
+def simulate_exits(all_logits: torch.Tensor, criterion: str, threshold: float,
+                   exit_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decisions :func:`early_exit_predict` makes, computed from stored logits.
+
+    ``all_logits`` is ``[n_exits, N, C]`` (see :func:`exit_logits`). A sample leaves at the first
+    exit where the criterion fires (normalised entropy below ``threshold``; max probability at or
+    above it; the same prediction ``threshold`` times in a row for patience), and at the last exit
+    at the latest. Returns ``(predictions, exit_layer)``: long tensors of shape ``[N]``, the
+    prediction at the exit taken and its 1-based layer.
+    """
+    _check_setting(criterion, threshold)
+    if all_logits.ndim != 3 or all_logits.shape[0] != len(exit_layers):
+        raise AclLabError(f"all_logits must be [n_exits, N, C] with n_exits = len(exit_layers) = "
+                          f"{len(exit_layers)}; got shape {tuple(all_logits.shape)}. Fix: pass exit_logits(...)[0] "
+                          "and model.exit_layers.")
+    logits = all_logits.float()
+    preds = logits.argmax(-1)  # [E, N]
+    if criterion == "entropy":
+        leave = normalised_entropy(logits) < threshold
+    elif criterion == "maxprob":
+        leave = torch.softmax(logits, -1).max(-1).values >= threshold
+    else:
+        streak = torch.zeros_like(preds)
+        for e in range(1, preds.shape[0]):
+            streak[e] = torch.where(preds[e] == preds[e - 1], streak[e - 1] + 1, torch.zeros_like(streak[e]))
+        leave = streak >= int(threshold)
+    leave[-1] = True
+    first = leave.to(torch.uint8).argmax(0)  # the first exit where the sample leaves
+    n = torch.arange(preds.shape[1])
+    layers = torch.as_tensor(exit_layers, dtype=torch.long)
+    return preds[first, n], layers[first]
+
+
+def default_thresholds(criterion: str, n_exits: int) -> list[float]:
+    """The candidate grid of :func:`calibrate`: entropy 0..1 and maxprob 0.5..1 in 0.01 steps,
+    patience 0..n_exits-1 (each grid holds the setting that never exits early)."""
+    if criterion == "entropy":
+        return [round(0.01 * i, 2) for i in range(101)]
+    if criterion == "maxprob":
+        return [round(0.5 + 0.01 * i, 2) for i in range(51)]
+    if criterion == "patience":
+        return [float(p) for p in range(n_exits)]
+    raise bad_value("criterion", criterion, CRITERIA, "use 'entropy' (DeeBERT) or 'patience' (PABEE).")
+
+
+def never_early_threshold(criterion: str, n_exits: int) -> float:
+    """The threshold meant to never let a sample leave before the last exit: entropy 0 (an entropy is never
+    below 0), maxprob 1.0 (the largest valid value; a float32 softmax can still round to exactly 1, which
+    :func:`calibrate` checks), patience ``n_exits - 1``."""
+    return {"entropy": 0.0, "maxprob": 1.0, "patience": float(n_exits - 1)}[criterion]
+
+
+def calibrate(model: MultiExitClassifier, dev_loader, task: TaskSpec, criterion: str = "entropy",
+              max_drop: float = 0.01, thresholds: list[float] | None = None,
+              device: torch.device | str | None = None) -> dict:
+    """Pick, on dev, the ``criterion`` threshold with the largest layer speed-up whose quality drop is <= ``max_drop``.
+
+    The drop is the full model's (final exit, as :func:`full_predict`) ``task.main_metric`` on dev minus
+    early exit's, as a fraction (``max_drop=0.01`` is one point), computed with
+    :func:`acl_lab.tasks.compute_metrics` as :func:`sweep` does. One pass stores every exit's logits
+    (:func:`exit_logits`); each candidate is then simulated (:func:`simulate_exits`). ``thresholds``
+    default to :func:`default_thresholds`. Ties in speed-up go to the smaller drop, then to the stricter
+    threshold. If no candidate beats speed-up 1 within ``max_drop``, the threshold that never exits early
+    (:func:`never_early_threshold`) is returned, with a warning. ``device``: default the model's.
+
+    Returns a dict: ``criterion``, ``threshold``, ``metric`` (the name), ``dev_<metric>``,
+    ``full_dev_<metric>``, ``quality_drop``, ``mean_exit_layer``, ``layer_speedup``, ``last_layer_share``,
+    ``max_drop``, ``n_samples``, ``fallback`` (True when nothing beat the full model) and ``table``
+    (a pandas DataFrame, one row per candidate, with a ``chosen`` column).
+    """
+    import pandas as pd
+
+    if isinstance(max_drop, bool) or not isinstance(max_drop, (int, float)) or not math.isfinite(max_drop) \
+            or max_drop < 0:
+        raise bad_value("max_drop", max_drop, "a finite number >= 0 (a fraction of the metric: 0.01 is one point)",
+                        "use e.g. 0.01 to lose at most one point of dev quality.")
+    _check(model, criterion, 0.0)
+    n_exits = len(model.exit_layers)
+    grid = default_thresholds(criterion, n_exits) if thresholds is None else [float(t) for t in thresholds]
+    if not grid:
+        raise AclLabError("calibrate got an empty list of thresholds. Fix: pass thresholds=None for the default "
+                          "grid, or at least one threshold.")
+    for thr in grid:
+        _check_setting(criterion, thr)
+    never = never_early_threshold(criterion, n_exits)
+    if never not in grid:
+        grid.append(never)
+    all_logits, labels = exit_logits(model, dev_loader, device)
+    metric = task.main_metric
+    full = compute_metrics(task, all_logits[-1].argmax(-1).numpy(), labels)[metric]
+    rows = []
+    for thr in grid:
+        preds, layers = simulate_exits(all_logits, criterion, thr, model.exit_layers)
+        value = compute_metrics(task, preds.numpy(), labels)[metric]
+        mean_layers = float(layers.float().mean())
+        rows.append({"criterion": criterion, "threshold": thr, metric: value, "full_" + metric: full,
+                     "quality_drop": full - value, "mean_exit_layer": mean_layers,
+                     "layer_speedup": model.num_layers / mean_layers,
+                     "last_layer_share": float((layers == model.exit_layers[-1]).float().mean())})
+    table = pd.DataFrame(rows)
+    ok = table[(table["quality_drop"] <= max_drop + DROP_TOLERANCE) & (table["layer_speedup"] > 1.0 + 1e-9)]
+    fallback = ok.empty
+    if fallback:
+        best = table[table["threshold"] == never].iloc[0]
+    else:
+        # largest speed-up; then smallest drop; then the stricter threshold (lower entropy, higher maxprob/patience)
+        strict = ok["threshold"] if criterion == "entropy" else -ok["threshold"]
+        order = ok.assign(_neg_speed=-ok["layer_speedup"], _strict=strict).sort_values(
+            ["_neg_speed", "quality_drop", "_strict"], kind="mergesort")
+        best = table.loc[order.index[0]]
+    table["chosen"] = table.index == best.name
+    result = {"criterion": criterion, "threshold": float(best["threshold"]), "metric": metric,
+              "dev_" + metric: float(best[metric]), "full_dev_" + metric: float(full),
+              "quality_drop": float(best["quality_drop"]), "mean_exit_layer": float(best["mean_exit_layer"]),
+              "layer_speedup": float(best["layer_speedup"]), "last_layer_share": float(best["last_layer_share"]),
+              "max_drop": float(max_drop), "n_samples": int(labels.shape[0]), "fallback": fallback, "table": table}
+    if fallback:
+        msg = (f"calibrate: no {criterion} threshold among the {len(grid)} candidates gives a layer speed-up above 1 "
+               f"with a dev {metric} drop <= {max_drop:g}; returning {criterion} threshold {never:g}, the setting that "
+               "never exits early")
+        if best["layer_speedup"] <= 1.0 + 1e-9:
+            msg += " (the full model's quality, layer speed-up 1.0)."
+        else:
+            msg += (f". Note: maxprob 1.0 still let {1 - best['last_layer_share']:.1%} of dev samples leave early "
+                    f"(their softmax rounds to exactly 1) with a drop of {best['quality_drop']:.4f}; use "
+                    "criterion 'entropy' with threshold 0 to be sure nobody leaves early.")
+        msg += (" Fix: allow a larger drop (max_drop / --calibrate), try another criterion, or train the exits "
+                "longer (a multi-exit objective such as me-acl).")
+        warnings.warn(msg, UserWarning, stacklevel=2)
+    return result
 
 
 def sweep_run(run_dir: str | Path, settings: dict[str, list[float]], split: str = "dev", batch_size: int = 64,
