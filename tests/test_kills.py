@@ -193,8 +193,10 @@ def test_evidence_survives_sigkill_in_its_writes(tmp_path, one_thread):
     job = {"kind": "evidence", "root": str(tmp_path), "plan": plan, "runs_home": str(tmp_path / "home"),
            "results": str(tmp_path / "results"), "parts": ["pilot"]}
     rng = random.Random(SEED)
-    points = [{"after": rng.uniform(0.3, 0.8) * seconds},  # somewhere in the training of its runs
-              {"kind": "write", "path": "results/runs/ce-s0-", "mode": "torn"},
+    # the pack copy of a run is made the moment the run finishes (and not again), so its kill point comes first,
+    # while that copy is still to be made
+    points = [{"kind": "write", "path": "results/runs/ce-s0-", "mode": "torn"},
+              {"after": rng.uniform(0.3, 0.8) * seconds},  # somewhere in the training of the runs left
               {"kind": "write", "path": "results/pilot_angles.csv.tmp-PID", "nth": 0, "mode": "torn"},
               {"kind": "rename", "path": "results/plan.json", "nth": 0, "mode": "after"}]
     kills = 0
