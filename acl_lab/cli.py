@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "(default: all)")
     p.add_argument("--kernel", default=None, help="Jupyter kernel (default: acl-lab if registered, else python3)")
     p.add_argument("--no-resume", action="store_true", help="run every notebook again, even completed ones")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run up to N notebooks at once, each in its own process with cores/N torch threads, a "
+                        "notebook after those whose artifacts it reads (default: 1, one after another)")
     p.add_argument("--source", default="live", help="live (train, the default), saved (read the pack "
                                                     "results/standard, no training: give its --preset standard) "
                                                     "or a pack folder")
@@ -264,7 +267,8 @@ def _cmd_suite(args) -> int:
 
     names = [n.strip() for n in args.notebooks.split(",") if n.strip()] if args.notebooks else None
     df = run_suite(args.preset, output_dir=args.output_dir, notebooks=names, kernel_name=args.kernel,
-                   resume=not args.no_resume, parameters={"SOURCE": args.source} if args.source != "live" else None)
+                   resume=not args.no_resume, parameters={"SOURCE": args.source} if args.source != "live" else None,
+                   jobs=args.jobs)
     return int((df["status"] == "failed").any())
 
 

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 CRITERIA = ("entropy", "maxprob", "patience")
 NEVER_FIRES_SHARE = 0.95  # sweep warns when at least this share of samples leaves at the last layer
-DROP_TOLERANCE = 1e-12  # float slack on "quality_drop <= max_drop" (as in acl_lab.analysis.exits.best_speedup)
+DROP_TOLERANCE = 1e-12  # float slack on "quality_drop <= max_drop" (used by acl_lab.analysis.exits.best_speedup too)
+SPEEDUP_TOLERANCE = 1e-9  # a layer speed-up counts as above 1 (some sample left early) only beyond this slack
 LOOSER = {"entropy": "a higher entropy threshold", "maxprob": "a lower maxprob threshold",
           "patience": "a smaller patience"}  # the looser setting of each criterion (exits more samples early)
 
@@ -163,22 +164,41 @@ def sweep(model: MultiExitClassifier, loader, task: TaskSpec, criterion: str, th
         t, full_time, outs = _paired_times(
             lambda **b: early_exit_predict(model, criterion=criterion, threshold=thr, **b),
             lambda **b: full_predict(model, **b), batches, repeats)
-        preds = torch.cat([o.predictions for o in outs]).cpu().numpy()
-        layers = torch.cat([o.exit_layers for o in outs]).float().cpu().numpy()
-        metrics = compute_metrics(task, preds, labels)
-        mean_layers = float(layers.mean())
-        share = float((layers == model.exit_layers[-1]).mean())
-        rows.append({
-            "criterion": criterion, "threshold": thr, **metrics,
-            "full_" + task.main_metric: full_metrics[task.main_metric],
-            "quality_drop": full_metrics[task.main_metric] - metrics[task.main_metric],
-            "mean_exit_layer": mean_layers, "layer_speedup": model.num_layers / mean_layers,
-            "wall_speedup": full_time / t, "seconds": t, "full_seconds": full_time,
-            "last_layer_share": share,
-        })
+        metrics, stats = _exit_stats(task, torch.cat([o.predictions for o in outs]).cpu().numpy(), labels,
+                                     torch.cat([o.exit_layers for o in outs]).cpu().numpy(),
+                                     full_metrics[task.main_metric], model.num_layers, model.exit_layers[-1])
+        share = stats.pop("last_layer_share")  # the table's last column, after the timings
+        rows.append({"criterion": criterion, "threshold": thr, **metrics, **stats,
+                     "wall_speedup": full_time / t, "seconds": t, "full_seconds": full_time,
+                     "last_layer_share": share})
         if share >= NEVER_FIRES_SHARE and len(model.exit_layers) > 1:
             warnings.warn(never_fires_message(criterion, thr, share, model.exit_layers[-1]), UserWarning, stacklevel=2)
     return rows
+
+
+def _exit_stats(task: TaskSpec, preds: np.ndarray, labels: np.ndarray, layers: np.ndarray, full_value: float,
+                num_layers: int, last_layer: int) -> tuple[dict[str, float], dict[str, float]]:
+    """The quality and cost of one early-exit setting: the numbers of a row of :func:`sweep` and of :func:`calibrate`.
+
+    ``preds`` and ``layers`` are each sample's prediction and 1-based exit layer, ``full_value`` the full model's
+    ``task.main_metric`` on the same samples. Returns ``(metrics, stats)``: :func:`compute_metrics` of ``preds``,
+    and ``full_<metric>``, ``quality_drop`` (full minus early exit), ``mean_exit_layer`` (a float32 mean),
+    ``layer_speedup`` (``num_layers`` over it) and ``last_layer_share`` (the share that left at ``last_layer``).
+    """
+    metrics = compute_metrics(task, preds, labels)
+    layers = np.asarray(layers, dtype=np.float32)
+    mean_layers = float(layers.mean())
+    return metrics, {"full_" + task.main_metric: full_value,
+                     "quality_drop": full_value - metrics[task.main_metric],
+                     "mean_exit_layer": mean_layers, "layer_speedup": num_layers / mean_layers,
+                     "last_layer_share": float((layers == last_layer).mean())}
+
+
+def within_budget(table: pd.DataFrame, max_drop: float) -> pd.Series:
+    """Which rows of an early-exit table (:func:`sweep`'s, :func:`calibrate`'s) may be chosen as "the fastest setting
+    losing at most ``max_drop``": a ``quality_drop`` within ``max_drop`` (up to :data:`DROP_TOLERANCE`) and a
+    ``layer_speedup`` above 1 (:data:`SPEEDUP_TOLERANCE`; at 1 no sample left early, so it is the full model)."""
+    return (table["quality_drop"] <= max_drop + DROP_TOLERANCE) & (table["layer_speedup"] > 1.0 + SPEEDUP_TOLERANCE)
 
 
 def never_fires_message(criterion: str, threshold: float, share: float, last_layer: int) -> str:
@@ -321,14 +341,11 @@ def calibrate(model: MultiExitClassifier, dev_loader, task: TaskSpec, criterion:
     rows = []
     for thr in grid:
         preds, layers = simulate_exits(all_logits, criterion, thr, model.exit_layers)
-        value = compute_metrics(task, preds.numpy(), labels)[metric]
-        mean_layers = float(layers.float().mean())
-        rows.append({"criterion": criterion, "threshold": thr, metric: value, "full_" + metric: full,
-                     "quality_drop": full - value, "mean_exit_layer": mean_layers,
-                     "layer_speedup": model.num_layers / mean_layers,
-                     "last_layer_share": float((layers == model.exit_layers[-1]).float().mean())})
+        metrics, stats = _exit_stats(task, preds.numpy(), labels, layers.numpy(), full, model.num_layers,
+                                     model.exit_layers[-1])
+        rows.append({"criterion": criterion, "threshold": thr, metric: metrics[metric], **stats})
     table = pd.DataFrame(rows)
-    ok = table[(table["quality_drop"] <= max_drop + DROP_TOLERANCE) & (table["layer_speedup"] > 1.0 + 1e-9)]
+    ok = table[within_budget(table, max_drop)]
     fallback = ok.empty
     if fallback:
         best = table[table["threshold"] == never].iloc[0]
@@ -348,7 +365,7 @@ def calibrate(model: MultiExitClassifier, dev_loader, task: TaskSpec, criterion:
         msg = (f"calibrate: no {criterion} threshold among the {len(grid)} candidates gives a layer speed-up above 1 "
                f"with a dev {metric} drop <= {max_drop:g}; returning {criterion} threshold {never:g}, the setting that "
                "never exits early")
-        if best["layer_speedup"] <= 1.0 + 1e-9:
+        if best["layer_speedup"] <= 1.0 + SPEEDUP_TOLERANCE:
             msg += " (the full model's quality, layer speed-up 1.0)."
         else:
             msg += (f". Note: maxprob 1.0 still let {1 - best['last_layer_share']:.1%} of dev samples leave early "

@@ -12,6 +12,8 @@ from .errors import AclLabError
 from .model import MultiExitClassifier
 from .tasks import TaskSpec, compute_metrics
 
+REPS_SAMPLES = 1000  # dev samples of a run's representation dump (representations.safetensors)
+
 
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) for k, v in batch.items()}
@@ -19,8 +21,13 @@ def _to_device(batch: dict, device: torch.device) -> dict:
 
 @torch.no_grad()
 def collect_outputs(model: MultiExitClassifier, loader, device: torch.device, with_reps: bool = False,
-                    max_samples: int | None = None) -> dict[str, np.ndarray | list[np.ndarray]]:
-    """Run ``loader`` through the model; return per-exit logits (and reps) and the labels, as NumPy arrays."""
+                    max_samples: int | None = None, reps_samples: int | None = None
+                    ) -> dict[str, np.ndarray | list[np.ndarray]]:
+    """Run ``loader`` through the model; return per-exit logits (and reps) and the labels, as NumPy arrays.
+
+    ``max_samples`` stops after that many samples; ``reps_samples`` keeps the reps of only the first
+    that many (the logits of all), so one pass can give a split's metrics and a bounded representation dump.
+    """
     model.eval()
     logits: list[list[torch.Tensor]] = [[] for _ in model.exit_layers]
     reps: list[list[torch.Tensor]] = [[] for _ in model.exit_layers]
@@ -31,7 +38,7 @@ def collect_outputs(model: MultiExitClassifier, loader, device: torch.device, wi
         out = model(**batch)
         for i in range(len(model.exit_layers)):
             logits[i].append(out.logits[i].float().cpu())
-            if with_reps:
+            if with_reps and (reps_samples is None or seen < reps_samples):
                 reps[i].append(out.reps[i].float().cpu())
         labels.append(batch["labels"].cpu())
         seen += len(batch["labels"])
@@ -42,7 +49,8 @@ def collect_outputs(model: MultiExitClassifier, loader, device: torch.device, wi
     n = seen if max_samples is None else min(seen, max_samples)
     result: dict = {"logits": [torch.cat(x)[:n].numpy() for x in logits], "labels": torch.cat(labels)[:n].numpy()}
     if with_reps:
-        result["reps"] = [torch.cat(x)[:n].numpy() for x in reps]
+        kept = n if reps_samples is None else min(n, reps_samples)
+        result["reps"] = [torch.cat(x)[:kept].numpy() for x in reps]
     return result
 
 
@@ -63,9 +71,15 @@ def evaluate_with_predictions(model: MultiExitClassifier, loader, task: TaskSpec
     Returns ``(per_exit_metrics, {"labels": [N], "predictions": [exits, N]})``; the
     predictions are what the paired tests over examples (:mod:`acl_lab.analysis.paired`) compare.
     """
-    out = collect_outputs(model, loader, device)
-    preds = np.stack([predictions(lg, task) for lg in out["logits"]])
-    return [compute_metrics(task, p, out["labels"]) for p in preds], {"labels": out["labels"], "predictions": preds}
+    return scores_of(collect_outputs(model, loader, device), task)
+
+
+def scores_of(outputs: dict, task: TaskSpec) -> tuple[list[dict[str, float]], dict[str, np.ndarray]]:
+    """Per-exit metrics and predictions of outputs already collected (:func:`collect_outputs`), as
+    :func:`evaluate_with_predictions` returns them."""
+    preds = np.stack([predictions(lg, task) for lg in outputs["logits"]])
+    return ([compute_metrics(task, p, outputs["labels"]) for p in preds],
+            {"labels": outputs["labels"], "predictions": preds})
 
 
 def _small(values: np.ndarray) -> np.ndarray:
@@ -95,17 +109,24 @@ def save_predictions(path: str | Path, by_split: dict[str, dict[str, np.ndarray]
 
 
 def dump_representations(model: MultiExitClassifier, loader, device: torch.device, path: str | Path,
-                         label_names: list[str], max_samples: int = 1000) -> Path:
+                         label_names: list[str], max_samples: int = REPS_SAMPLES) -> Path:
     """Save the [CLS] representations of every exit, the labels and the label embeddings (safetensors).
 
     Keys: ``reps.<layer>`` [N, d], ``label_embeddings.<layer>`` [C, d], ``labels`` [N],
     ``logits.<layer>`` [N, C]; metadata holds the label names and the exit layers.
     """
     out = collect_outputs(model, loader, device, with_reps=True, max_samples=max_samples)
-    tensors = {"labels": torch.from_numpy(out["labels"]).contiguous()}
+    return save_representations(model, out, path, label_names)
+
+
+def save_representations(model: MultiExitClassifier, outputs: dict, path: str | Path, label_names: list[str]) -> Path:
+    """Write the dump of :func:`dump_representations` from outputs already collected with reps (the first
+    ``len(reps)`` samples; so a run's last evaluation pass can serve it without a pass of its own)."""
+    n = len(outputs["reps"][0])
+    tensors = {"labels": torch.from_numpy(np.ascontiguousarray(outputs["labels"][:n]))}
     for i, layer in enumerate(model.exit_layers):
-        tensors[f"reps.{layer}"] = torch.from_numpy(out["reps"][i]).contiguous()
-        tensors[f"logits.{layer}"] = torch.from_numpy(out["logits"][i]).contiguous()
+        tensors[f"reps.{layer}"] = torch.from_numpy(outputs["reps"][i]).contiguous()
+        tensors[f"logits.{layer}"] = torch.from_numpy(np.ascontiguousarray(outputs["logits"][i][:n]))
         tensors[f"label_embeddings.{layer}"] = model.label_embeddings(i).detach().float().cpu().contiguous()
     meta = {"label_names": ",".join(label_names), "layers": ",".join(map(str, model.exit_layers))}
     path = Path(path)

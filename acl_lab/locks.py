@@ -10,9 +10,15 @@ stays (deleting it would race with a writer that just opened it); it is empty wh
 
 Where ``flock`` is unavailable (Windows, or a network filesystem that refuses it) the folder
 is used without a lock, after a warning.
+
+:func:`held` is the waiting kind, for a short read-modify-write of one shared file (e.g. a
+pack's ``plan.json`` written by shards side by side): it blocks until it holds an exclusive
+``flock`` on a given lock file. Where ``fcntl`` is missing it holds nothing and says nothing
+(one writer is then the user's business).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -20,7 +26,7 @@ import socket
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from .errors import AclLabError
 
@@ -77,6 +83,16 @@ class FolderLock:
             os.ftruncate(self._fd, 0)  # free: no holder to name
             os.close(self._fd)  # closing the file releases the flock
             self._fd = None
+
+
+@contextlib.contextmanager
+def held(lock_path: str | Path) -> Iterator[None]:
+    """``with held(path):`` waits for, then holds, an exclusive ``flock`` on the file ``lock_path`` (created if
+    needed, never deleted), released when the block ends. Without ``fcntl`` (Windows) it holds nothing, silently."""
+    with open(lock_path, "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # blocks until the other holder's block ends (or its process dies)
+        yield
 
 
 def _read_holder(fd: int) -> str:

@@ -45,8 +45,8 @@ from .analysis.stats import median
 from .config import CONFLICT_DEGREES, RUNTIME_FIELDS, TrainConfig
 from .data import load_task, make_loader, tokenize
 from .errors import AclLabError, bad_value
-from .evaluate import dump_representations, evaluate_with_predictions, save_predictions
-from .evaluate import evaluate as run_evaluation
+from .evaluate import (REPS_SAMPLES, collect_outputs, evaluate_with_predictions, save_predictions,
+                       save_representations, scores_of)
 from .grad import ACLGrad, Reduce, angle_degrees, gradient_cosines, reduce_grads
 from .locks import one_writer, train_output_dir
 from .model import MultiExitClassifier, build_model
@@ -302,6 +302,7 @@ class Trainer:
         self.progress = progress and dist.is_main()
         self.on_step: list[Hook] = []
         self.on_eval: list[Hook] = []
+        self._best_dev: dict | None = None  # dev outputs of the best weights saved by this process (_run_eval)
         self.output_dir = _on_main(prepare_output_dir, cfg, resume, overwrite)
         if dist.is_main():
             for folder in ("last", "best"):
@@ -457,7 +458,7 @@ class Trainer:
         if split not in self.eval_loaders:
             raise AclLabError(f"Split {split!r} is not in task {self.cfg.task!r}; available: "
                               f"{', '.join(self.eval_loaders)}.")
-        return run_evaluation(self.model, self.eval_loaders[split], self.task, self.device)
+        return evaluate_with_predictions(self.model, self.eval_loaders[split], self.task, self.device)[0]
 
     def save(self, which: str = "last") -> Path | None:
         """Write ``checkpoints/last`` (resumable: optimizer, scheduler, state, RNG) or ``checkpoints/best`` (weights).
@@ -485,13 +486,18 @@ class Trainer:
         return folder
 
     def _run_eval(self, history: "_History") -> None:
-        per_exit = self.evaluate("dev")
+        """Score dev; a new best is saved as ``checkpoints/best``, and its dev outputs (with the reps of the
+        representation dump) are kept, so that ``_finish`` needs no dev pass of its own on those weights."""
+        outputs = collect_outputs(self.model, self.eval_loaders["dev"], self.device, with_reps=True,
+                                  reps_samples=REPS_SAMPLES)
+        per_exit = scores_of(outputs, self.task)[0]
         score = per_exit[-1][self.task.main_metric]
         row = {"event": "eval", "step": self.state.step, "split": "dev", "score": score, "per_exit": per_exit}
         history.add(row)
         if self.state.best_score is None or score > self.state.best_score:
             self.state.best_score, self.state.best_step = score, self.state.step
             self.save("best")
+            self._best_dev = outputs
         for hook in self.on_eval:
             hook(self, row)
 
@@ -576,9 +582,14 @@ class Trainer:
                                    "steps": state.step, "best_step": state.best_step,
                                    "train_seconds": round(state.train_seconds, 2), "device": str(self.device),
                                    "world_size": dist.world_size()}
-        predictions = {}
+        predictions, outputs = {}, {}
         for split, loader in self.eval_loaders.items():  # metrics and per-example predictions from one pass
-            per_exit, predictions[split] = evaluate_with_predictions(self.model, loader, task, self.device)
+            # dev: the outputs kept when these best weights were saved in this process (a resumed run past its
+            # best step has none, and passes again); the reps ride along for the dump
+            outputs[split] = (self._best_dev if split == "dev" and self._best_dev is not None else
+                              collect_outputs(self.model, loader, self.device, with_reps=split == "dev",
+                                              reps_samples=REPS_SAMPLES))
+            per_exit, predictions[split] = scores_of(outputs[split], task)
             metrics[split] = per_exit[-1]
             metrics[f"{split}_per_exit"] = per_exit
         save_predictions(out / "predictions.npz", predictions, list(self.model.exit_layers))
@@ -586,7 +597,7 @@ class Trainer:
         metrics.update(_summary(history.steps, self.gate is not None))
         metrics["config"] = cfg.to_dict()
         if not task.is_regression:
-            dump_representations(self.model, self.eval_loaders["dev"], self.device, out / "representations.safetensors",
+            save_representations(self.model, outputs["dev"], out / "representations.safetensors",
                                  list(task.label_names))
         write_json(out / "metrics.json", metrics, indent=2)
         self._result = TrainResult(cfg, metrics, history.steps, history.evals, out)

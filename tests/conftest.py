@@ -67,8 +67,10 @@ def executed_suite(tmp_path_factory):
     from acl_lab.lab.batch import run_suite
 
     root = tmp_path_factory.mktemp("suite")
+    # two notebooks at once, as `suite --jobs 2` runs them: the notebook tests also check that the order of
+    # batch.SUITE_AFTER is enough for every notebook to find what it reads
     table = run_suite("smoke", output_dir=root, kernel_name=kernel_name(), resume=False, progress=False,
-                      timeout=NOTEBOOK_TIMEOUT)
+                      timeout=NOTEBOOK_TIMEOUT, jobs=2)
     out_dir = root / "artifacts"
     results = {}
     for row in table.itertuples():

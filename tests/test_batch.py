@@ -129,6 +129,19 @@ def test_run_suite_shares_artifacts_and_collects_figures(tmp_path, monkeypatch):
         batch.run_suite("fast", output_dir=out)
 
 
+def test_suite_runs_wait_for_the_notebooks_whose_artifacts_they_read(tmp_path):
+    out = tmp_path / "suite"
+    every = batch.suite_notebooks()
+    specs = {s.name[:2]: s for s in batch.suite_specs(every, {"PRESET": "smoke"}, out)}
+    assert [s.name for s in specs.values()] == [nb.stem for nb in every]  # numbered order, one run each
+    after = {n: sorted(p.name[:2] for p in s.after) for n, s in specs.items() if s.after}
+    assert after == {"03": ["02"], "05": ["04"], "06": ["02"], "07": ["01", "02", "06"]}
+    assert all(p.parent == out and p.suffix == ".ipynb" for s in specs.values() for p in s.after)
+    some = [nb for nb in every if nb.stem[:2] in ("01", "03", "07")]  # 02 and 06 not chosen: nothing to wait for
+    assert {s.name[:2]: [p.name[:2] for p in s.after] for s in batch.suite_specs(some, {}, out)} == \
+        {"01": [], "03": [], "07": ["01"]}
+
+
 def test_run_notebook_refuses_to_overwrite_its_input(toy):
     with pytest.raises(AclLabError, match="overwrite the notebook"):
         batch.run_notebook(toy, toy, {"X": 2})

@@ -165,7 +165,7 @@ def test_probe_every_must_be_positive(tiny_config):
 # ---------------------------------------------------------------------------
 
 def test_trainer_seam_step_hooks_and_fit_equal_train(tiny_config, tmp_path):
-    from acl_lab.trainer import Trainer
+    from acl_lab.trainer import EVAL_BATCH_SIZE, Trainer
 
     cfg = tiny_config.replace(objective="acl", max_steps=4, eval_every=2)
     seen_steps, seen_evals = [], []
@@ -183,7 +183,7 @@ def test_trainer_seam_step_hooks_and_fit_equal_train(tiny_config, tmp_path):
 
 def test_trainer_step_on_own_batches_and_lam_t_without_gate(tiny_config, tmp_path):
     from acl_lab.data import make_loader
-    from acl_lab.trainer import Trainer
+    from acl_lab.trainer import EVAL_BATCH_SIZE, Trainer
 
     for objective, lam_t in (("ce", 0.0), ("acl-embed", 0.1)):
         t = Trainer(tiny_config.replace(objective=objective, output_dir=str(tmp_path / objective)), progress=False)
@@ -218,7 +218,7 @@ def test_save_checkpoints_false_keeps_best_and_skips_last(tiny_config, tmp_path)
 def _screened_trainer(cfg, resume=False):
     """A Trainer whose screened gate has a 2-pair warm-up, so a short tiny run takes both paths."""
     from acl_lab.grad import ACLGrad, ScreenRule
-    from acl_lab.trainer import Trainer
+    from acl_lab.trainer import EVAL_BATCH_SIZE, Trainer
 
     t = Trainer(cfg, resume=resume, progress=False)
     params = [p for p in t.model.parameters() if p.requires_grad]
@@ -256,7 +256,7 @@ def test_screened_gate_logs_both_paths_and_resumes_its_calibration(tiny_config, 
 
 def test_length_grouped_run_resumes_to_the_same_steps(tiny_config, tmp_path):
     """group_by_length: the batch order is a function of the seed, so a run interrupted mid-epoch resumes exactly."""
-    from acl_lab.trainer import Trainer
+    from acl_lab.trainer import EVAL_BATCH_SIZE, Trainer
 
     cfg = tiny_config.replace(group_by_length=True, max_steps=10, eval_every=5)
     full = train(cfg.replace(output_dir=str(tmp_path / "full")), progress=False)
@@ -276,7 +276,7 @@ def test_ce_probe_reusing_the_update_g_ce_measures_the_recomputed_angles(tiny_co
 
     from acl_lab.grad import gradient_cosines
     from acl_lab.objectives import classification_loss, probe_losses
-    from acl_lab.trainer import Trainer
+    from acl_lab.trainer import EVAL_BATCH_SIZE, Trainer
 
     t = Trainer(tiny_config.replace(objective="ce", probe_angles=True), progress=False)
     group, _ = next(t.batches())
@@ -288,3 +288,49 @@ def test_ce_probe_reusing_the_update_g_ce_measures_the_recomputed_angles(tiny_co
     row = t.step(group)
     assert abs(row["cos_scl"] - expected[0]) < 1e-6 and abs(row["cos_acl_embed"] - expected[1]) < 1e-6
     assert row["lam_t"] == 0.0
+
+
+@pytest.mark.parametrize("dev_outputs", ["kept from the best eval", "passed again"])
+@pytest.mark.parametrize("objective", ["ce", "me-acl-cl"])
+def test_final_files_equal_a_fresh_pass_over_the_best_checkpoint(tiny_config, tmp_path, objective, dev_outputs):
+    """metrics.json, predictions.npz and representations.safetensors are what a fresh, separate evaluation of
+    checkpoints/best gives, whether the dev outputs come from the eval that saved the best weights (no second
+    dev pass) or from a pass of their own (as after a resume past the best step)."""
+    import numpy as np
+
+    from acl_lab.checkpoint import load_trained
+    from acl_lab.data import load_task, make_loader, tokenize
+    from acl_lab.evaluate import dump_representations, evaluate_with_predictions, load_representations
+    from acl_lab.result import load_predictions
+    from acl_lab.tasks import get_task
+    from acl_lab.trainer import EVAL_BATCH_SIZE, Trainer
+
+    cfg = tiny_config.replace(objective=objective, max_steps=9, eval_every=3, dropout=0.1,
+                              output_dir=str(tmp_path / "run"))
+    trainer = Trainer(cfg, progress=False)
+    if dev_outputs == "passed again":
+        trainer.on_eval.append(lambda t, row: setattr(t, "_best_dev", None))
+    result = trainer.fit()
+
+    model, tokenizer, _ = load_trained(result.output_dir / "checkpoints" / "best", device="cpu")
+    task = get_task(cfg.task)
+    data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, seed=cfg.seed)
+    enc = tokenize(data, tokenizer, cfg.max_length)
+    saved = load_predictions(result.output_dir)
+    splits = [s for s in enc if s != "train"]
+    assert splits and set(splits) <= set(saved)
+    for split in splits:
+        per_exit, preds = evaluate_with_predictions(model, make_loader(enc[split], tokenizer, EVAL_BATCH_SIZE, shuffle=False),
+                                                    task, torch.device("cpu"))
+        assert result.metrics[f"{split}_per_exit"] == per_exit
+        np.testing.assert_array_equal(saved[split]["predictions"], preds["predictions"])
+        np.testing.assert_array_equal(saved[split]["labels"], preds["labels"])
+    fresh = load_representations(dump_representations(model, make_loader(enc["dev"], tokenizer, EVAL_BATCH_SIZE, shuffle=False),
+                                                      torch.device("cpu"), tmp_path / "fresh.safetensors",
+                                                      list(task.label_names)))
+    kept = load_representations(result.paths["representations"])
+    assert kept["layers"] == fresh["layers"] and kept["label_names"] == fresh["label_names"]
+    np.testing.assert_array_equal(kept["labels"], fresh["labels"])
+    for layer in fresh["layers"]:
+        for key in ("reps", "logits", "label_embeddings"):
+            np.testing.assert_allclose(kept[key][layer], fresh[key][layer], rtol=0, atol=1e-6)

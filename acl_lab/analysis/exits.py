@@ -80,10 +80,12 @@ def best_speedup(sweep_df: pd.DataFrame, metric: str = "accuracy", max_drop: flo
     loss, speed-up 1.0), so a model where no setting beats it gets ``criterion``
     "full model" and speed-up 1.0.
     """
+    from ..early_exit import within_budget  # lazily: it loads the model code, which the other tables never need
+
     need_columns(sweep_df, (by, "criterion", "threshold", "quality_drop", speed, metric), "best_speedup")
     rows = []
     for key, df in sweep_df.groupby(by, sort=False):
-        ok = df[(df["quality_drop"] <= max_drop + 1e-12) & (df["layer_speedup"] > 1.0 + 1e-9)]
+        ok = df[within_budget(df, max_drop)]
         full = float(df[f"full_{metric}"].iloc[0]) if f"full_{metric}" in df else math.nan
         if ok.empty or ok[speed].max() <= 1.0:
             rows.append({by: key, "criterion": "full model", "threshold": math.nan, speed: 1.0,

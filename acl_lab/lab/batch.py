@@ -619,9 +619,26 @@ def run_grid(grid: str | Path | Mapping[str, Any], resume: bool = True, progress
     return _execute(specs, g["output_dir"], g["kernel"], g["timeout"], resume, progress, table, jobs, scheduler)
 
 
+#: which notebooks of the suite read another's artifacts (through the shared OUTPUT_DIR), by number: a notebook
+#: runs after these when the suite runs several at once (``jobs`` > 1). 03 draws 02's representations, 05 sweeps
+#: 04's checkpoints, 06 reads 02's lambda-0.1 runs back (and would otherwise train them beside it), 07 explores the
+#: runs of 01, 02 and 06.
+SUITE_AFTER: dict[str, tuple[str, ...]] = {"03": ("02",), "05": ("04",), "06": ("02",), "07": ("01", "02", "06")}
+
+
+def suite_specs(chosen: list[Path], parameters: Mapping[str, Any], out: Path) -> list[RunSpec]:
+    """The suite's runs: one per notebook of ``chosen`` (numbered order), each ``after`` the chosen notebooks whose
+    artifacts it reads (:data:`SUITE_AFTER`)."""
+    outputs = {nb.stem[:2]: out / f"{nb.stem}.ipynb" for nb in chosen}
+    return [RunSpec(notebook=nb, parameters=dict(parameters), output_path=outputs[nb.stem[:2]], name=nb.stem,
+                    after=tuple(outputs[n] for n in SUITE_AFTER.get(nb.stem[:2], ()) if n in outputs))
+            for nb in chosen]
+
+
 def run_suite(preset: str = "quick", output_dir: str | Path | None = None, notebooks: list[str] | None = None,
               kernel_name: str | None = None, resume: bool = True, progress: bool = True,
-              timeout: int | None = None, parameters: Mapping[str, Any] | None = None) -> pd.DataFrame:
+              timeout: int | None = None, parameters: Mapping[str, Any] | None = None, jobs: int = 1
+              ) -> pd.DataFrame:
     """Run the kit's notebooks in numbered order with ``PRESET=preset`` and one shared artifacts folder.
 
     ``parameters`` go to every notebook on top, e.g. ``{"SOURCE": "saved"}`` for the classroom mode
@@ -635,6 +652,10 @@ def run_suite(preset: str = "quick", output_dir: str | Path | None = None, noteb
     ``results.csv``/``results.md`` (one row per notebook: status, seconds, error and its
     headline metrics as ``key=value`` text). ``notebooks`` picks some by stem or file
     name; they still run in numbered order. A failure does not stop the suite.
+
+    ``jobs=N`` runs up to N notebooks at once, each in its own process with ``cores // N`` torch threads
+    (:mod:`acl_lab.lab.workers`); a notebook still waits for those whose artifacts it reads
+    (:data:`SUITE_AFTER`), and one whose predecessor failed is recorded failed without running.
     """
     from ..presets import check_preset
 
@@ -654,15 +675,14 @@ def run_suite(preset: str = "quick", output_dir: str | Path | None = None, noteb
     if left_out and progress:
         print(f"left out (no {', '.join(sorted(extra))} parameter): {', '.join(nb.stem for nb in left_out)}", flush=True)
     chosen = [nb for nb in chosen if nb not in left_out]
-    specs = [RunSpec(notebook=nb, parameters=params, output_path=out / f"{nb.stem}.ipynb", name=nb.stem)
-             for nb in chosen]
+    specs = suite_specs(chosen, params, out)
 
     def table(records: list[RunRecord]) -> pd.DataFrame:
         return pd.DataFrame([_row(r, {"metrics": "; ".join(f"{k}={text(v)}" for k, v in r.metrics.items())})
                              for r in records])
 
     start = time.perf_counter()
-    df = _execute(specs, out, kernel, timeout, resume, progress, table)
+    df = _execute(specs, out, kernel, timeout, resume, progress, table, jobs=jobs)
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     pngs = sorted((out / "artifacts" / preset / "figures").glob("*.png"))

@@ -24,6 +24,7 @@ part are the comparisons of :mod:`acl_lab.lab.plans`, the same configs the noteb
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import platform
@@ -32,7 +33,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 
@@ -40,6 +41,7 @@ from ..analysis.stats import mean_sd_text, pm_text
 from ..atomic import target, write_json, write_text
 from ..config import TrainConfig
 from ..errors import AclLabError
+from ..locks import held
 from . import plans
 
 PARTS = ("pilot", "single", "gate", "multi", "early", "sensitivity")
@@ -169,15 +171,20 @@ def part_configs(plan: EvidencePlan, part: str, task: str) -> list[TrainConfig]:
     return [c for c in configs if c.objective in EARLY_OBJECTIVES] if part == "early" else configs
 
 
+def _check_shard(i: int, n: int) -> None:
+    """Raise a clear :class:`AclLabError` unless shard ``i`` of ``n`` exists (``n >= 1`` and ``0 <= i < n``)."""
+    if not (n >= 1 and 0 <= i < n):
+        raise AclLabError(f"Shard {i}/{n} does not exist. Fix: give --shard I/N with 0 <= I < N, e.g. 0/2 and 1/2 for "
+                          "two processes.")
+
+
 def shard_of(configs: list[TrainConfig], shard: tuple[int, int] | None) -> list[TrainConfig]:
     """Shard ``i`` of ``n`` of ``configs``: every n-th run in seed order, so that shards running side by side finish
     whole seeds first. ``None``: all of them, in plan order."""
     if shard is None:
         return list(configs)
     i, n = shard
-    if not (n >= 1 and 0 <= i < n):
-        raise AclLabError(f"Shard {i}/{n} does not exist. Fix: give --shard I/N with 0 <= I < N, e.g. 0/2 and 1/2 for "
-                          "two processes.")
+    _check_shard(i, n)
     ordered = sorted(configs, key=lambda c: c.seed)  # stable: the plan's objective order within a seed
     return ordered[i::n]
 
@@ -211,8 +218,7 @@ def _early_rows(plan: EvidencePlan, r: Any, results_dir: Path) -> pd.DataFrame:
                                  batch_size=bs, max_samples=None if bs > 1 else plan.latency_samples)
                        for bs in plan.exit_batch_sizes], ignore_index=True).drop(columns=["run"])
     path = results_dir / "runs" / Path(r.output_dir).name / EARLY_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with target(path) as tmp:
+    with target(path) as tmp:  # target creates the run's pack folder if needed
         frame.to_csv(tmp, index=False)
     return frame
 
@@ -287,17 +293,10 @@ def plan_of(results_dir: str | Path) -> EvidencePlan:
     return EvidencePlan(**{k: v for k, v in raw.items() if k in known})
 
 
-def _update_meta(meta_path: Path, change: Any) -> None:
+def _update_meta(meta_path: Path, change: Callable[[dict[str, Any]], None]) -> None:
     """Read ``plan.json``, apply ``change(meta)`` and write it back, holding a lock beside it, so shards running
-    side by side never lose each other's entries."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: one writer is the user's business
-        fcntl = None  # type: ignore[assignment]
-    lock_path = meta_path.with_name(".plan.lock")
-    with open(lock_path, "a") as lock:
-        if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    side by side never lose each other's entries (:func:`acl_lab.locks.held` on ``.plan.lock``)."""
+    with held(meta_path.with_name(".plan.lock")):
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
         change(meta)
         write_json(meta_path, meta, indent=1)
@@ -312,8 +311,17 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     except ValueError:
         raise AclLabError(f"--shard {text!r} is not I/N. Fix: e.g. --shard 0/2 in one process and --shard 1/2 in "
                           "another.") from None
-    shard_of([], (i, n))  # checks the range
+    _check_shard(i, n)
     return i, n
+
+
+def _record_part(meta: dict[str, Any], key: str, seconds: float, done: int, planned: int, train: bool) -> None:
+    """Note in ``plan.json``'s ``meta`` that part/task ``key`` ended: its ``seconds`` (when it could ``train``), how
+    many of its ``planned`` runs are ``done``, and when."""
+    if train:
+        meta["seconds"][key] = round(seconds, 1)
+    meta.setdefault("done", {})[key] = {"runs": done, "planned": planned}
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | Path,
@@ -372,15 +380,9 @@ def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | P
             frames = [f for f in (keep, frame) if f is not None and len(f)]  # no empty frame: it turns ints to floats
             if frames:
                 written[part] = _save_part(results_dir, part, pd.concat(frames, ignore_index=True))
-
-            def finish(meta: dict, key: str = f"{part}/{task}", seconds: float = time.perf_counter() - t0,
-                       done: int = done, planned: int = len(planned)) -> None:
-                if train:
-                    meta["seconds"][key] = round(seconds, 1)
-                meta.setdefault("done", {})[key] = {"runs": done, "planned": planned}
-                meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-
-            _update_meta(meta_path, finish)
+            _update_meta(meta_path, functools.partial(_record_part, key=f"{part}/{task}",
+                                                      seconds=time.perf_counter() - t0, done=done,
+                                                      planned=len(planned), train=train))
     return written
 
 

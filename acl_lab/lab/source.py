@@ -101,8 +101,7 @@ class RunSource:
         if len(found) < len(configs):
             import warnings
 
-            have = {Path(r.output_dir).name for r in found}
-            lacking = [run_name(c) for c in configs if run_name(c) not in have]
+            lacking = [run_name(c) for c in _lacking(configs, found)]
             warnings.warn(f"A partial pack: {self.pack} holds {len(found)} of the {len(configs)} runs of part {part!r} "
                           f"this notebook reads; showing those. Missing: {', '.join(lacking[:6])}"
                           f"{' ...' if len(lacking) > 6 else ''}. The pack's command goes on from here.", stacklevel=2)
@@ -115,8 +114,7 @@ class RunSource:
         found = find_runs(configs, self.root)
         strict = (not self.live) if strict is None else strict
         if strict and len(found) < len(configs):
-            have = {Path(r.output_dir).name for r in found}
-            raise self.missing([c for c in configs if run_name(c) not in have], part)
+            raise self.missing(_lacking(configs, found), part)
         return found
 
     def all_runs(self) -> list[TrainResult]:
@@ -190,6 +188,12 @@ class RunSource:
     def no_grid(self) -> pd.DataFrame:
         """What the batch runner's table is when nothing ran (saved mode: notebook 06 reads the pack)."""
         return pd.DataFrame(columns=["name", "status", "seconds", "error"])
+
+
+def _lacking(configs: Iterable[TrainConfig], found: Iterable[TrainResult]) -> list[TrainConfig]:
+    """The ``configs`` that no run of ``found`` is (matched by run folder name, :func:`run_name`), in their order."""
+    have = {Path(r.output_dir).name for r in found}
+    return [c for c in configs if run_name(c) not in have]
 
 
 def open_source(source: str, preset: str, output_dir: str | Path) -> RunSource:
