@@ -186,17 +186,14 @@ def _cmd_train(args) -> None:
 
 
 def _cmd_early_exit(args) -> None:
-    from .checkpoint import load_trained
-    from .data import load_task, make_loader, tokenize
-    from .early_exit import sweep
-    from .tasks import get_task
+    from .data import make_loader, tokenize
+    from .early_exit import load_for_exit, sweep
     from .utils import get_device
 
     run = Path(args.run)
     folder = run / "checkpoints" / "best" if (run / "checkpoints" / "best").is_dir() else run
-    model, tokenizer, cfg = load_trained(folder, device=args.device)
+    model, tokenizer, cfg, task, data = load_for_exit(folder, device=args.device)
     device = get_device(args.device)
-    task = get_task(cfg.task)
     defaults = {"entropy": "0.05,0.1,0.2,0.3,0.4,0.5,0.6", "maxprob": "0.99,0.95,0.9,0.8,0.7,0.6",
                 "patience": "0,1,2,3,4,5"}
     calibrating = args.calibrate is not None
@@ -205,8 +202,6 @@ def _cmd_early_exit(args) -> None:
         candidates = _numbers(args.thresholds, float, "--thresholds") if args.thresholds else None
     else:
         thresholds = _numbers(args.thresholds or defaults.get(args.criterion, ""), float, "--thresholds")
-    data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, max_eval_samples=cfg.max_eval_samples,
-                     seed=cfg.seed)
     for name, flag in ((split, "--split"), *(((args.calibrate_split, "--calibrate-split"),) if calibrating else ())):
         if name not in data:
             if calibrating and flag == "--split" and args.split is None:

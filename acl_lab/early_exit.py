@@ -377,6 +377,23 @@ def calibrate(model: MultiExitClassifier, dev_loader, task: TaskSpec, criterion:
     return result
 
 
+def load_for_exit(checkpoint: str | Path, device: str = "auto"):
+    """A trained multi-exit checkpoint and the data it is judged on: ``(model, tokenizer, cfg, task, data)``.
+
+    ``data`` is the run's task loaded as it was trained (its source, data folder, ``max_eval_samples`` and seed),
+    untokenized, so each caller tokenizes only the splits it times (:func:`sweep_run`, ``python -m acl_lab
+    early-exit``, ``bench/bench_early_exit.py``).
+    """
+    from .checkpoint import load_trained
+    from .data import load_task
+    from .tasks import get_task
+
+    model, tokenizer, cfg = load_trained(checkpoint, device=device)
+    data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, max_eval_samples=cfg.max_eval_samples,
+                     seed=cfg.seed)
+    return model, tokenizer, cfg, get_task(cfg.task), data
+
+
 def sweep_run(run_dir: str | Path, settings: dict[str, list[float]], split: str = "dev", batch_size: int = 64,
               repeats: int = 2, device: str = "auto", max_samples: int | None = None) -> pd.DataFrame:
     """Early-exit sweep of a finished multi-exit run's best checkpoint on ``split``.
@@ -388,16 +405,11 @@ def sweep_run(run_dir: str | Path, settings: dict[str, list[float]], split: str 
     """
     import pandas as pd
 
-    from .checkpoint import load_trained
-    from .data import load_task, make_loader, tokenize
-    from .tasks import get_task
+    from .data import make_loader, tokenize
     from .utils import get_device
 
     run_dir = Path(run_dir)
-    model, tokenizer, cfg = load_trained(run_dir / "checkpoints" / "best", device=device)
-    task = get_task(cfg.task)
-    data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, max_eval_samples=cfg.max_eval_samples,
-                     seed=cfg.seed)
+    model, tokenizer, cfg, task, data = load_for_exit(run_dir / "checkpoints" / "best", device=device)
     if split not in data:
         raise AclLabError(f"Split {split!r} is not in task {cfg.task!r}; available: {', '.join(data)}.")
     part = data[split] if max_samples is None else data[split].select(range(min(max_samples, len(data[split]))))

@@ -33,10 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from acl_lab.checkpoint import load_trained  # noqa: E402
-from acl_lab.data import load_task, make_loader, tokenize  # noqa: E402
-from acl_lab.early_exit import DROP_TOLERANCE, calibrate, sweep  # noqa: E402
-from acl_lab.tasks import get_task  # noqa: E402
+from acl_lab.data import make_loader, tokenize  # noqa: E402
+from acl_lab.early_exit import DROP_TOLERANCE, calibrate, load_for_exit, sweep  # noqa: E402
 
 TARGET = 2.0
 CRITERIA = ("entropy", "patience")
@@ -44,12 +42,9 @@ CRITERIA = ("entropy", "patience")
 
 def bench_run(run: Path, args, say) -> dict:
     """Calibrate and time one run; return its JSON record."""
-    model, tok, cfg = load_trained(run / "checkpoints" / "best", device="cpu")
-    task = get_task(cfg.task)
+    model, tok, cfg, task, data = load_for_exit(run / "checkpoints" / "best", device="cpu")
     metric = task.main_metric
-    data = load_task(cfg.task, source=cfg.source, data_dir=cfg.data_dir, max_eval_samples=cfg.max_eval_samples,
-                     seed=cfg.seed)
-    enc = tokenize(data, tok, cfg.max_length)
+    enc = tokenize(type(data)({s: data[s] for s in ("dev", "test")}), tok, cfg.max_length)  # not the training split
     device = torch.device("cpu")
     metrics = json.loads((run / "metrics.json").read_text())
     per_exit = [e[metric] for e in metrics["dev_per_exit"]]
