@@ -87,3 +87,34 @@ def test_shard_parsing_and_order():
     assert sorted(c.objective + str(c.seed) for s in shards for c in s) == sorted(
         c.objective + str(c.seed) for c in configs)
     assert [c.seed for c in shards[0]] == [0, 0, 1, 2]  # every third of the seed-ordered 12: whole seeds first
+
+
+def test_a_committed_pack_run_is_never_overwritten_by_a_cached_one(smoke_pack, tmp_path):
+    """A run trained again into the cache (another device, another torch) neither replaces the committed pack run
+    nor enters the tables; other results say so in a warning that names the fix, other timings alone do not."""
+    import warnings
+
+    plan, root = smoke_pack
+    home, pack = tmp_path / "home", tmp_path / "pack"
+    shutil.copytree(root / "pack", pack)
+    committed = {p.parent.name: p.read_bytes() for p in (pack / "runs").glob("*/metrics.json")}
+    for run in (pack / "runs").glob("ce-s0-*"):  # the single part's, and the pilot's (probes on), as cached runs
+        shutil.copytree(run, home / "runs" / run.name)
+    cached = sorted((home / "runs").glob("ce-s0-*"))
+    metrics = {run: json.loads((run / "metrics.json").read_text()) for run in cached}
+    for run, m in metrics.items():
+        (run / "metrics.json").write_text(json.dumps(m | {"train_seconds": m["train_seconds"] + 99.0, "device": "cuda"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # other seconds and device only: no warning
+        run_evidence(plan, home, pack, parts=["single"], progress=False, command="timings", train=False)
+
+    for run, m in metrics.items():
+        (run / "metrics.json").write_text(json.dumps(m | {"test": {"accuracy": m["test"]["accuracy"] + 0.25}}))
+    with pytest.warns(UserWarning, match="different results.*delete the pack's run folder"):
+        run_evidence(plan, home, pack, parts=["single"], progress=False, command="retrained", train=False)
+    assert {p.parent.name: p.read_bytes() for p in (pack / "runs").glob("*/metrics.json")} == committed
+    table = pd.read_csv(pack / FILES["single"])
+    row = table[(table.objective == "ce") & (table.seed == 0)]
+    packed = [json.loads((pack / "runs" / run.name / "metrics.json").read_text())["test"]["accuracy"] for run in cached]
+    assert len(row) == 1 and row.test_accuracy.iloc[0] in packed
+    assert all(m["test"]["accuracy"] + 0.25 != row.test_accuracy.iloc[0] for m in metrics.values())

@@ -31,6 +31,7 @@ import platform
 import shutil
 import subprocess
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -128,10 +129,34 @@ def _save_part(results_dir: Path, part: str, frame: pd.DataFrame) -> Path:
     return path
 
 
+RUN_CIRCUMSTANCE_FIELDS = ("train_seconds", "device")  # metrics.json fields that say how a run ran, not what it found
+
+
+def results_differ(a: Path, b: Path) -> bool:
+    """Whether the finished runs in folders ``a`` and ``b`` report different results: their ``metrics.json`` differ
+    in anything but :data:`RUN_CIRCUMSTANCE_FIELDS` (the same config trained again elsewhere takes other seconds)."""
+    def results(folder: Path) -> dict:
+        metrics = json.loads((folder / "metrics.json").read_text())
+        return {k: v for k, v in metrics.items() if k not in RUN_CIRCUMSTANCE_FIELDS}
+    return results(a) != results(b)
+
+
+def _warn_if_results_differ(packed: Path, cached: Path) -> None:
+    """Warn, naming the fix, when the run cache holds a run of a pack run's config with other results: the pack keeps
+    its committed copy (every table is built from it), and the cached one is not used."""
+    if (cached / "metrics.json").is_file() and results_differ(packed, cached):
+        warnings.warn(f"The pack's run {packed} and the cached run {cached} have the same config but different "
+                      "results (trained again, e.g. on another device or torch). The pack keeps its committed copy and "
+                      "every table uses it. Fix: to replace it, delete the pack's run folder and run the same command "
+                      "again.", UserWarning, stacklevel=3)
+
+
 def _save_run(results_dir: Path, r: Any, reps_seed: int | None, rep_samples: int) -> None:
     """Copy one run's small files into the pack, ``results_dir/runs/<run folder>/`` (:data:`PACK_RUN_FILES`, and
     ``history.jsonl`` as ``history.jsonl.gz``: it is most of a pack's size), and, for a run of seed ``reps_seed``, its
-    representations shrunk to ``rep_samples`` float16 dev samples. A run read from the pack itself is left as it is.
+    representations shrunk to ``rep_samples`` float16 dev samples. A run already in the pack is never overwritten:
+    its committed copy stays, with a warning when the cached run reports other results
+    (:func:`_warn_if_results_differ`).
 
     The pack's ``runs/`` is an exception in .gitignore (``/results/*/runs/``); other ``runs/`` folders are run
     caches and stay ignored."""
@@ -142,8 +167,9 @@ def _save_run(results_dir: Path, r: Any, reps_seed: int | None, rep_samples: int
     if src.resolve() == dest.resolve():
         return
     done = dest / "metrics.json"
-    if done.is_file() and done.read_bytes() == (src / "metrics.json").read_bytes():
-        return  # copied before (metrics.json is copied last): the pack's bytes stay as committed
+    if done.is_file():  # copied before (metrics.json is copied last): the committed pack run is never overwritten
+        _warn_if_results_differ(dest, src)
+        return
     dest.mkdir(parents=True, exist_ok=True)
     for name in PACK_RUN_FILES:
         if (src / name).is_file():
@@ -191,8 +217,8 @@ def shard_of(configs: list[TrainConfig], shard: tuple[int, int] | None) -> list[
 
 def obtain_run(cfg: TrainConfig, runs_home: Path, results_dir: Path, train: bool, need_checkpoint: bool = False,
                progress: bool = True) -> Any | None:
-    """The finished run of ``cfg``: from the run cache ``runs_home/runs`` (with its checkpoint), else from the pack's
-    ``runs/`` (small files only, so not when ``need_checkpoint``), else trained into the cache when ``train``
+    """The finished run of ``cfg``: from the pack's ``runs/`` (small files only, so not when ``need_checkpoint``),
+    else from the run cache ``runs_home/runs`` (with its checkpoint), else trained into the cache when ``train``
     (an interrupted run resumes); ``None`` when it is nowhere and ``train`` is False."""
     from ..analysis.runs import run_name
     from ..result import is_finished, load_result
@@ -200,10 +226,12 @@ def obtain_run(cfg: TrainConfig, runs_home: Path, results_dir: Path, train: bool
 
     home = runs_home / "runs" / run_name(cfg)
     packed = results_dir / "runs" / run_name(cfg)
+    if is_finished(packed) and not need_checkpoint:  # the committed evidence first, so tables match --report-only
+        if is_finished(home):
+            _warn_if_results_differ(packed, home)
+        return load_result(packed)
     if is_finished(home) and (not need_checkpoint or (home / "checkpoints" / "best").is_dir()):
         return load_result(home)
-    if is_finished(packed) and not need_checkpoint:
-        return load_result(packed)
     if not train:
         return None
     return run_many([cfg], runs_home, progress=progress)[0]
