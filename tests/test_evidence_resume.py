@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import pandas as pd
 import pytest
@@ -92,8 +93,6 @@ def test_shard_parsing_and_order():
 def test_a_committed_pack_run_is_never_overwritten_by_a_cached_one(smoke_pack, tmp_path):
     """A run trained again into the cache (another device, another torch) neither replaces the committed pack run
     nor enters the tables; other results say so in a warning that names the fix, other timings alone do not."""
-    import warnings
-
     plan, root = smoke_pack
     home, pack = tmp_path / "home", tmp_path / "pack"
     shutil.copytree(root / "pack", pack)

@@ -142,9 +142,9 @@ def results_differ(a: Path, b: Path) -> bool:
 
 
 def _warn_if_results_differ(packed: Path, cached: Path) -> None:
-    """Warn, naming the fix, when the run cache holds a run of a pack run's config with other results: the pack keeps
-    its committed copy (every table is built from it), and the cached one is not used."""
-    if (cached / "metrics.json").is_file() and results_differ(packed, cached):
+    """Warn, naming the fix, when the finished cached run of a pack run's config reports other results: the pack keeps
+    its committed copy (every table is built from it), and the cached one is not used. Both runs must be finished."""
+    if results_differ(packed, cached):
         warnings.warn(f"The pack's run {packed} and the cached run {cached} have the same config but different "
                       "results (trained again, e.g. on another device or torch). The pack keeps its committed copy and "
                       "every table uses it. Fix: to replace it, delete the pack's run folder and run the same command "
