@@ -117,3 +117,24 @@ def test_a_committed_pack_run_is_never_overwritten_by_a_cached_one(smoke_pack, t
     packed = [json.loads((pack / "runs" / run.name / "metrics.json").read_text())["test"]["accuracy"] for run in cached]
     assert len(row) == 1 and row.test_accuracy.iloc[0] in packed
     assert all(m["test"]["accuracy"] + 0.25 != row.test_accuracy.iloc[0] for m in metrics.values())
+
+
+def test_a_run_naming_fewer_tasks_keeps_the_others_in_the_recorded_plan(smoke_pack, tmp_path):
+    """``--tasks rt-3way --shard I/N`` beside a pack of rt-polarity runs: the recorded plan, which the report reads,
+    keeps rt-polarity (and the pack's seeds) and adds rt-3way, so the report keeps every rt-polarity table."""
+    plan, root = smoke_pack
+    pack = tmp_path / "pack"
+    shutil.copytree(root / "pack", pack)
+    before = build_report(pack).read_text()
+    other = EvidencePlan(tasks=["rt-3way"], seeds=[1], preset="smoke")
+    run_evidence(other, tmp_path / "home", pack, parts=["single"], progress=False, command="other task",
+                 shard=(99, 100))  # a share with no run in it: nothing is trained
+    recorded = json.loads((pack / "plan.json").read_text())["plan"]
+    assert recorded["tasks"] == ["rt-polarity", "rt-3way"] and recorded["seeds"] == [0, 1]
+    after = build_report(pack).read_text()
+
+    def rows(report: str) -> list[str]:  # the table rows of rt-polarity (the recorded command differs)
+        return [line for line in report.splitlines() if line.startswith("|") and "rt-polarity" in line]
+
+    assert len(rows(before)) > 10 and rows(after) == rows(before)
+    assert ev.merged_plan(None, other)["tasks"] == ["rt-3way"]

@@ -352,6 +352,17 @@ def _record_part(meta: dict[str, Any], key: str, seconds: float, done: int, plan
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def merged_plan(packed: dict[str, Any] | None, plan: EvidencePlan) -> dict[str, Any]:
+    """The plan a pack records after ``plan`` adds to it: ``plan``'s settings, with the tasks and seeds of the plan
+    already recorded (``packed``) kept in front of any new ones, so that a shard or a re-run naming fewer tasks or
+    seeds (``--tasks rt-3way``) does not drop the others from the report, which reads the recorded plan."""
+    merged = asdict(plan)
+    for key in ("tasks", "seeds"):
+        before = list((packed or {}).get(key) or [])
+        merged[key] = before + [v for v in merged[key] if v not in before]
+    return merged
+
+
 def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | Path,
                  parts: Iterable[str] = PARTS, progress: bool = True, command: str | None = None,
                  train: bool = True, shard: tuple[int, int] | None = None) -> dict[str, Path]:
@@ -380,7 +391,7 @@ def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | P
     meta_path = results_dir / "plan.json"
 
     def start(meta: dict) -> None:
-        meta.update({"plan": asdict(plan), "machine": _machine(), "commit": _git_commit()})
+        meta.update({"plan": merged_plan(meta.get("plan"), plan), "machine": _machine(), "commit": _git_commit()})
         if command:  # the latest, and every command that added to this pack
             meta["command"] = command
             meta.setdefault("commands", []).append(command)
