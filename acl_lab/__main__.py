@@ -2,5 +2,9 @@
 import sys
 
 from .cli import main
+from .distributed import shutdown
 
-sys.exit(main())
+code = main()
+if code == 0:  # under torchrun the ranks leave the process group together, so none is aborted at exit
+    shutdown()
+sys.exit(code)

@@ -7,9 +7,11 @@ import json
 import sys
 
 from acl_lab.cli import main
+from acl_lab.distributed import shutdown
 
 if __name__ == "__main__":
     for argv in json.loads(sys.argv[1]):
         code = main(argv)
         if code:
             sys.exit(code)
+    shutdown()  # the ranks leave the process group together (see acl_lab.distributed.shutdown)

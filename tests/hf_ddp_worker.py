@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_hf import args, tiny_model, toy_dataset  # noqa: E402
 
-from acl_lab.distributed import is_main, world_size  # noqa: E402
+from acl_lab.distributed import is_main, shutdown, world_size  # noqa: E402
 from acl_lab.hf import ACLTrainer  # noqa: E402
 
 STEPS = 3
@@ -62,9 +62,6 @@ if __name__ == "__main__":
     out_dir, batch = Path(sys.argv[1]), int(sys.argv[2])
     for run_name in RUNS:
         run(run_name, out_dir, batch)
-    # Leave together: without the barrier, rank 1 exits while rank 0 still saves, and gloo's threads can abort
-    # rank 0 at exit ("terminate called without an active exception", exit -6): 2 of 8 launches beside two
-    # trainers; with it 0 of 8. destroy_process_group without the barrier aborted every launch.
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    # Leave together: without it, rank 1 exits while rank 0 still saves, and gloo's threads can abort rank 0 at
+    # exit ("terminate called without an active exception", exit -6): 2 of 8 launches beside two trainers.
+    shutdown()
