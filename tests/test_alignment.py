@@ -133,4 +133,9 @@ def test_pick_run_prefers_matching_config(tmp_path):
     assert pick_run(runs, "acl", like=base).output_dir.name == "b"
     pooled = runs + [TrainResult(base.replace(objective="acl", lam=0.1, pooling="mean"), {}, output_dir=tmp_path / "0")]
     assert pick_run(pooled, "acl", like=base, prefer={"lam": 0.1}).output_dir.name == "b"
+    # require: only runs that have the file (a pack keeps representations for one seed per objective)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "representations.safetensors").write_bytes(b"")
+    assert pick_run(runs, "acl", like=base, prefer={"lam": 0.1}, require="representations").output_dir.name == "a"
+    assert pick_run(runs, "acl", seed=0, like=base.replace(max_steps=8), require="representations") is None
     assert pick_run(runs, "ce", like=base) is None

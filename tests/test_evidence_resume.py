@@ -138,3 +138,37 @@ def test_a_run_naming_fewer_tasks_keeps_the_others_in_the_recorded_plan(smoke_pa
 
     assert len(rows(before)) > 10 and rows(after) == rows(before)
     assert ev.merged_plan(None, other)["tasks"] == ["rt-3way"]
+
+
+def test_runs_the_early_part_trains_keep_their_representations(tmp_path):
+    """The early-exit part trains the multi-exit part's models: the lowest multi-exit seed keeps its representations
+    (notebook 03 reads them), and a pack run without them gets them from a finished cached run of its config."""
+    import torch
+    from safetensors.torch import load_file
+
+    from acl_lab.analysis.runs import run_name
+
+    plan = EvidencePlan(tasks=["rt-polarity"], seeds=[0, 1], preset="smoke", latency_samples=4)
+    home, pack = tmp_path / "home", tmp_path / "pack"
+    run_evidence(plan, home, pack, parts=["early"], progress=False, command="early first")
+    reps = "representations.safetensors"
+    names = {(c.objective, c.seed): run_name(c) for c in ev.part_configs(plan, "early", "rt-polarity")}
+    assert len(names) == 4
+    for (objective, seed), name in names.items():
+        assert (pack / "runs" / name / reps).is_file() == (seed == 0), (objective, seed)
+        assert (pack / "runs" / name / ev.EARLY_FILE).is_file()
+    ce0 = pack / "runs" / names[("me-ce", 0)]
+    kept = load_file(ce0 / reps)
+    (ce0 / reps).unlink()  # a pack made before the early part kept them
+    run_evidence(plan, home, pack, parts=["multi"], progress=False, command="collect", train=False)
+    again = load_file(ce0 / reps)
+    assert again.keys() == kept.keys() and all(torch.equal(again[k], kept[k]) for k in kept)
+    assert not (pack / "runs" / names[("me-ce", 1)] / reps).exists()  # not the other seeds
+    # a cached run with other results is another model: its representations are not taken
+    (ce0 / reps).unlink()
+    cached = home / "runs" / ce0.name / "metrics.json"
+    m = json.loads(cached.read_text())
+    cached.write_text(json.dumps(m | {"test": {"accuracy": m["test"]["accuracy"] + 0.25}}))
+    with pytest.warns(UserWarning, match="different results"):
+        run_evidence(plan, home, pack, parts=["multi"], progress=False, command="retrained", train=False)
+    assert not (ce0 / reps).exists()

@@ -136,6 +136,10 @@ def test_missing_runs_name_the_runs_and_the_command(smoke_pack):
     with pytest.warns(UserWarning, match="A partial pack.*holds 1 of the 2 runs.*" + run_name(configs[0])):
         got = src.runs(present + configs, "single")
     assert [run_name(r.config) for r in got] == [run_name(present[0])]
+    with pytest.warns(UserWarning, match="A partial pack.*holds 1 of the 2 runs"):  # find reads a partial pack too
+        assert [run_name(r.config) for r in src.find(present + configs, "single")] == [run_name(present[0])]
+    with pytest.raises(AclLabError, match=run_name(configs[0])):
+        src.find(present + configs, "single", strict=True)
     with pytest.raises(AclLabError, match="no results pack"):
         open_source(str(root / "nowhere"), "quick", root / "out")
     assert open_source("live", "quick", root / "out").caption([0, 1]) == "live: quick preset, 2 seeds"

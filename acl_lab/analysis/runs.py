@@ -55,12 +55,15 @@ def saved_runs(root: str | Path) -> list[TrainResult]:
 
 
 def pick_run(results: Iterable[TrainResult], objective: str, seed: int | None = None, like: TrainConfig | None = None,
-             prefer: dict[str, Any] | None = None, probed: bool = False) -> TrainResult | None:
+             prefer: dict[str, Any] | None = None, probed: bool = False,
+             require: str | None = None) -> TrainResult | None:
     """The finished run of ``objective`` a notebook should read, or ``None``. The kit's one matching rule:
 
     1. candidates have that objective, ``seed`` (if given), pilot-study probing only when
        ``probed`` (probe runs are CE runs with extra logging), and -- with ``like`` -- the same
-       :data:`SHAPE_FIELDS` as ``like`` (task, model, pooling, data size, length, steps);
+       :data:`SHAPE_FIELDS` as ``like`` (task, model, pooling, data size, length, steps); with
+       ``require`` (a key of :attr:`TrainResult.paths`, e.g. ``"representations"``), only runs that
+       have that file (a results pack keeps representations for one seed per objective only);
     2. among them, runs whose config matches more of ``prefer`` (e.g. ``{"lam": 0.1}``) come first,
     3. then those differing from ``like`` in fewer other fields (objective, seed and runtime fields aside),
     4. then lower seeds, then the run folder name (so the choice is deterministic).
@@ -71,6 +74,8 @@ def pick_run(results: Iterable[TrainResult], objective: str, seed: int | None = 
         if c.objective != objective or bool(c.probe_angles) != probed or (seed is not None and c.seed != seed):
             continue
         if like is not None and any(getattr(c, f) != getattr(like, f) for f in SHAPE_FIELDS):
+            continue
+        if require is not None and not Path(r.paths[require]).is_file():
             continue
         candidates.append(r)
     if not candidates:

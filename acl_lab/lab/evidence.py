@@ -186,6 +186,38 @@ def _save_run(results_dir: Path, r: Any, reps_seed: int | None, rep_samples: int
         shutil.copyfile(src / "metrics.json", tmp)
 
 
+def representation_seed(plan: EvidencePlan, part: str) -> int | None:
+    """The seed whose runs of ``part`` keep their representations in the pack (the part's lowest seed; for
+    ``early``, whose models are the multi-exit part's runs, the multi-exit part's), or ``None`` for parts without."""
+    if part == "early":
+        part = "multi"
+    return min(plan.seeds_for(part)) if part in REPRESENTATION_PARTS else None
+
+
+def _add_missing_representations(results_dir: Path, runs_home: Path, cfg: TrainConfig, reps_seed: int | None,
+                                 rep_samples: int) -> None:
+    """Give a pack run of seed ``reps_seed`` that lacks its representations (one copied by a kit that did not keep
+    them for runs the early-exit part trained) those of the finished run of the same config in the run cache, e.g.
+    one trained again from the pack's ``config.json`` (same config and seed: the same model on a CPU), unless its
+    results differ from the pack's. Nothing in the pack is overwritten."""
+    from ..analysis.runs import run_name
+    from ..evaluate import shrink_representations
+    from ..result import is_finished
+
+    if reps_seed is None or cfg.seed != reps_seed:
+        return
+    name = run_name(cfg)
+    packed, cached = results_dir / "runs" / name, runs_home / "runs" / name
+    reps = "representations.safetensors"
+    if not is_finished(packed) or (packed / reps).is_file() or not is_finished(cached) or \
+            not (cached / reps).is_file():
+        return
+    if results_differ(packed, cached):  # another model (obtain_run has warned): its representations would mislead
+        return
+    with target(packed / reps) as tmp:
+        shrink_representations(cached / reps, tmp, rep_samples)
+
+
 EARLY_OBJECTIVES = ("me-ce", "me-acl-cl")
 EARLY_FILE = "early_exit.csv"  # per multi-exit run of the pack: its early-exit sweep (needs the checkpoint once)
 
@@ -258,7 +290,7 @@ def part_runs(plan: EvidencePlan, part: str, task: str, runs_home: Path, results
     also each run's sweep (read from the pack when it was done before). Returns (runs, early sweeps)."""
     from ..analysis.runs import run_name
 
-    reps_seed = min(plan.seeds_for(part)) if part in REPRESENTATION_PARTS else None
+    reps_seed = representation_seed(plan, part)
     results, sweeps = [], []
     for cfg in shard_of(part_configs(plan, part, task), shard):
         if part == "early":
@@ -269,7 +301,8 @@ def part_runs(plan: EvidencePlan, part: str, task: str, runs_home: Path, results
         r = obtain_run(cfg, runs_home, results_dir, train, need_checkpoint=part == "early", progress=progress)
         if r is None:
             continue
-        _save_run(results_dir, r, reps_seed if part != "early" else None, plan.rep_samples)
+        _save_run(results_dir, r, reps_seed, plan.rep_samples)
+        _add_missing_representations(results_dir, runs_home, cfg, reps_seed, plan.rep_samples)
         results.append(r)
         if part == "early":
             sweeps.append(_early_rows(plan, r, results_dir))

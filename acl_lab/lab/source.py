@@ -95,26 +95,25 @@ class RunSource:
             from .experiments import run_many
 
             return run_many(configs, live_root or self.out, progress=progress)
-        found = self.find(configs, part, strict=False)
-        if not found:
-            raise self.missing(configs, part)
-        if len(found) < len(configs):
+        return self.find(configs, part)
+
+    def find(self, configs: Iterable[TrainConfig], part: str, strict: bool = False) -> list[TrainResult]:
+        """The finished runs of ``configs`` (nothing trains). Live, missing ones are left out. Saved, a partial pack
+        (a long computation still going on, see ``plan.json["done"]``) gives the runs it has with a warning naming
+        the missing ones, and none at all raises :meth:`missing`. ``strict``: any missing run raises."""
+        configs = list(configs)
+        found = find_runs(configs, self.root)
+        if len(found) == len(configs):
+            return found
+        if strict or (not self.live and not found):
+            raise self.missing(_lacking(configs, found) if strict else configs, part)
+        if not self.live:
             import warnings
 
             lacking = [run_name(c) for c in _lacking(configs, found)]
             warnings.warn(f"A partial pack: {self.pack} holds {len(found)} of the {len(configs)} runs of part {part!r} "
                           f"this notebook reads; showing those. Missing: {', '.join(lacking[:6])}"
                           f"{' ...' if len(lacking) > 6 else ''}. The pack's command goes on from here.", stacklevel=2)
-        return found
-
-    def find(self, configs: Iterable[TrainConfig], part: str, strict: bool | None = None) -> list[TrainResult]:
-        """The finished runs of ``configs`` (nothing trains). Live, missing ones are left out; saved (or
-        ``strict``), a missing one raises :meth:`missing`."""
-        configs = list(configs)
-        found = find_runs(configs, self.root)
-        strict = (not self.live) if strict is None else strict
-        if strict and len(found) < len(configs):
-            raise self.missing(_lacking(configs, found), part)
         return found
 
     def all_runs(self) -> list[TrainResult]:
