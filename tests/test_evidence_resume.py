@@ -49,6 +49,7 @@ def test_shards_split_the_runs_and_a_partial_pack_says_so(smoke_pack, tmp_path):
     home, pack = tmp_path / "home", tmp_path / "pack"
     run_evidence(plan, home, pack, parts=["single"], progress=False, command="shard 0", shard=(0, 2))
     assert not (pack / FILES["single"]).exists()  # a shard writes runs, not tables
+    assert "command" not in json.loads((pack / "plan.json").read_text())
     first = sorted(p.name for p in (pack / "runs").iterdir())
     # whole seeds first, the plan's objective order within a seed, every second run
     assert sorted(n.rsplit("-", 1)[0] for n in first) == sorted(["ce-s0", "acl-embed-s0", "ce-s1", "acl-embed-s1"])
@@ -69,6 +70,7 @@ def test_shards_split_the_runs_and_a_partial_pack_says_so(smoke_pack, tmp_path):
     meta = json.loads((pack / "plan.json").read_text())
     assert meta["done"]["single/rt-polarity"] == {"runs": 8, "planned": 8}
     assert meta["commands"] == ["shard 0", "collect", "shard 1", "collect"]
+    assert meta["command"] == "collect"  # the tables' command, not the last shard's
     assert set(meta["seconds"]) >= {"single/rt-polarity/shard 0/2", "single/rt-polarity/shard 1/2"}
     # the same runs as one process training them all (same configs, same seeds: deterministic on a CPU)
     pd.testing.assert_frame_equal(_sorted(pd.read_csv(pack / FILES["single"])),

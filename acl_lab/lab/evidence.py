@@ -425,8 +425,9 @@ def run_evidence(plan: EvidencePlan, runs_home: str | Path, results_dir: str | P
 
     def start(meta: dict) -> None:
         meta.update({"plan": merged_plan(meta.get("plan"), plan), "machine": _machine(), "commit": _git_commit()})
-        if command:  # the latest, and every command that added to this pack
-            meta["command"] = command
+        if command:  # every command that added to this pack; "command" is the latest that wrote the tables
+            if shard is None:  # a shard writes runs only: the tables (and the figures' captions) are not its own
+                meta["command"] = command
             meta.setdefault("commands", []).append(command)
         meta.setdefault("seconds", {})
 
