@@ -234,7 +234,7 @@ def test_interrupted_batch_restarts_and_skips_finished_runs(tmp_path, toy):
         time.sleep(0.2)
     time.sleep(3)  # now inside the second run, which waits on the block file
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=120)
+    proc.communicate(timeout=600)  # a hang guard, not a speed check: shutting kernels down is slow under load
     assert proc.returncode != 0
     first = out / "slow" / "X=1.ipynb"
     stamp = first.stat().st_mtime_ns

@@ -291,7 +291,7 @@ def test_ctrl_c_stops_the_local_runs_and_keeps_the_finished(tmp_path):
     kernel = psutil.Process(int(pid_file.read_text()))
     run = kernel.parent()
     proc.send_signal(signal.SIGINT)
-    printed = proc.communicate(timeout=60)[0].decode()
+    printed = proc.communicate(timeout=600)[0].decode()  # a hang guard, not a speed check (slow under load)
     assert proc.returncode == 130 and "toy.ipynb X=2: completed in" in printed
     assert gone(run.pid) and gone(kernel.pid)
     csv = pd.read_csv(results)
