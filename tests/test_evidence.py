@@ -104,3 +104,16 @@ def test_bad_part_and_empty_folder_are_clear_errors(tmp_path):
     with pytest.raises(AclLabError, match="python -m acl_lab evidence"):
         build_report(tmp_path)
     assert PARTS[0] == "pilot"
+
+
+def test_sensitivity_table_marks_cells_with_fewer_seeds():
+    """A lambda still being run shows how many seeds it has; one seed is not shown as "± 0.000"."""
+    from acl_lab.lab.evidence import sensitivity_table
+
+    df = pd.DataFrame({"task": "t", "objective": "acl", "lam": [0.1, 0.1, 0.1, 1.0, 1.0, 3.0],
+                       "seed": [0, 1, 2, 0, 1, 0], "dev_accuracy": [0.5, 0.7, 0.9, 0.6, 0.8, 0.4]})
+    row = sensitivity_table(df).iloc[0]
+    assert row["λ=0.1"] == "0.700 ± 0.200"
+    assert row["λ=1"] == "0.700 ± 0.141 (n=2)"
+    assert row["λ=3"] == "0.400 (n=1)"
+    assert row["seeds"] == 3 and row["range over λ"] == 0.3

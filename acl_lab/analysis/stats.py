@@ -74,10 +74,13 @@ def group_summary(df: pd.DataFrame, by: str | Sequence[str], value: str, sort: b
 
 
 def mean_sd_text(values: Iterable, digits: int = 4) -> str:
-    """``"mean ± sd"`` of the finite values, e.g. ``"0.8123 ± 0.0040"`` (``"-"`` when there are none)."""
+    """``"mean ± sd"`` of the finite values, e.g. ``"0.8123 ± 0.0040"`` (``"-"`` when there are none, and
+    ``"0.8123 (n=1)"`` for a single value, whose spread is unknown rather than zero)."""
     a = finite(values)
     if not len(a):
         return "-"
+    if len(a) == 1:
+        return f"{float(a[0]):.{digits}f} (n=1)"
     return pm_text(float(a.mean()), sd(a), digits)
 
 

@@ -594,15 +594,19 @@ def early_table(df: pd.DataFrame, metric: str = "accuracy", max_drop: float = 0.
 
 
 def sensitivity_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFrame:
-    """Per task, objective and lambda: dev ``metric`` mean ± sd over seeds, and each objective's range over lambda."""
+    """Per task, objective and lambda: dev ``metric`` mean ± sd over seeds, and each objective's range over lambda.
+    ``seeds`` counts the row's seeds; a cell with fewer (a lambda still being run) says how many it has."""
     rows = []
     for (task, objective), d in df.groupby(["task", "objective"], sort=False):
         means = d.groupby("lam")[f"dev_{metric}"].mean()
         row = {"task": task, "objective": objective}
+        n_row = int(d["seed"].nunique())
         for lam, g in d.groupby("lam"):
-            row[f"λ={lam:g}"] = mean_sd_text(g[f"dev_{metric}"], 3)
+            n = int(g["seed"].nunique())
+            text = mean_sd_text(g[f"dev_{metric}"], 3)
+            row[f"λ={lam:g}"] = text if n in (1, n_row) else f"{text} (n={n})"
         row["range over λ"] = round(float(means.max() - means.min()), 4)
-        row["seeds"] = int(d["seed"].nunique())
+        row["seeds"] = n_row
         rows.append(row)
     return pd.DataFrame(rows)
 
