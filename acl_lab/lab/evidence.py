@@ -604,7 +604,7 @@ def sensitivity_table(df: pd.DataFrame, metric: str = "accuracy") -> pd.DataFram
         for lam, g in d.groupby("lam"):
             n = int(g["seed"].nunique())
             text = mean_sd_text(g[f"dev_{metric}"], 3)
-            row[f"λ={lam:g}"] = text if n in (1, n_row) else f"{text} (n={n})"
+            row[f"λ={lam:g}"] = f"{text} (n={n})" if 1 < n < n_row else text  # one value says "(n=1)" itself
         row["range over λ"] = round(float(means.max() - means.min()), 4)
         row["seeds"] = n_row
         rows.append(row)
