@@ -7,9 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from acl_lab.analysis.gradients import angle_long_frame, conflict_summary, phase_of, phase_summary
+from acl_lab.analysis.gradients import angle_long_frame, conflict_summary, format_conflict_table, phase_of, phase_summary
 from acl_lab.analysis.representations import alignment_score, project_2d
 from acl_lab.analysis.runs import pick_run
+from acl_lab.config import CONFLICT_DEGREES
 from acl_lab.errors import AclLabError
 
 
@@ -110,6 +111,16 @@ def test_conflict_tables():
     phases = phase_summary(long)
     scl = phases[phases["probe"] == "CE vs SCL"].set_index("phase")
     assert scl.loc["early", "frac_over_90_mean"] == 1.0 and scl.loc["late", "frac_over_90_mean"] == 0.0
+
+
+def test_conflict_table_text_says_when_one_seed_has_no_spread():
+    two = format_conflict_table(conflict_summary(angle_long_frame(_history())))
+    fraction = f"fraction of batches > {CONFLICT_DEGREES:g}°"
+    sd_scl = np.std([2 / 6, 2 / 5], ddof=1)
+    assert two.loc[("ce", "CE vs SCL"), fraction] == f"{(2 / 6 + 2 / 5) / 2:.2f} ± {sd_scl:.2f}"
+    one = format_conflict_table(conflict_summary(angle_long_frame(_history().query("seed == 0"))))
+    assert one.loc[("ce", "CE vs SCL"), fraction] == f"{2 / 6:.2f} (n=1)"  # not "0.33 ± 0.00"
+    assert one.loc[("ce", "CE vs ACL-Embed"), "median angle (°)"] == "60.0 (n=1)"
 
 
 def test_angle_long_frame_needs_probe_columns():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -201,3 +202,18 @@ def test_sensitivity_frame_from_saved_runs():
     assert fig.axes[0].get_xlabel().startswith("lambda") and fig.axes[0].get_ylabel()
     with pytest.raises(AclLabError, match="dev_f1"):
         S.sensitivity_frame(runs, ["acl"], metric="f1")
+
+
+def test_sensitivity_one_seed_cells_show_no_spread():
+    # acl at lambda 0.1 has two seeds (sd 0.02); every other cell has one seed, whose spread is unknown
+    long = pd.DataFrame({"objective": ["acl", "acl", "acl", "ce+scl", "ce+scl"], "lam": [0.1, 0.1, 1.0, 0.1, 1.0],
+                         "seed": [0, 1, 0, 0, 0], "value": [0.80, 0.78, 0.70, 0.75, 0.60]})
+    spread = S.sensitivity_spread(S.sensitivity_summary(long))
+    assert abs(spread.loc["acl", "mean_sd_over_seeds"] - np.std([0.80, 0.78], ddof=1)) < 1e-12  # not halved by a 0
+    assert np.isnan(spread.loc["ce+scl", "mean_sd_over_seeds"])
+    ax = P.plot_sensitivity(long).axes[0]
+    labels = [t.get_text() for t in ax.texts]
+    assert labels.count("n=1") == 3
+    bars = [seg for coll in ax.collections for seg in coll.get_segments()
+            if len(seg) == 2 and np.isfinite(seg).all() and abs(seg[1][1] - seg[0][1]) > 0]
+    assert len(bars) == 1 and abs(abs(bars[0][1][1] - bars[0][0][1]) - 2 * np.std([0.80, 0.78], ddof=1)) < 1e-9

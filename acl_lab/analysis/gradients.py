@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..config import CONFLICT_DEGREES
 from ..errors import AclLabError
-from .stats import group_summary
+from .stats import group_summary, pm_text
 
 #: history columns written with ``probe_angles=True`` and their readable names
 PROBES = {"angle_scl": "CE vs SCL", "angle_acl_embed": "CE vs ACL-Embed"}
@@ -94,9 +94,14 @@ def conflict_summary(long: pd.DataFrame, by: Sequence[str] = ("objective", "prob
 def format_conflict_table(summary: pd.DataFrame, by: Sequence[str] = ("objective", "probe")) -> pd.DataFrame:
     """:func:`conflict_summary` as a readable ``mean ± sd`` table."""
     table = summary.set_index(list(by))
+    seeds = table["seeds"].to_numpy()
+
+    def column(name: str, digits: int) -> list[str]:
+        return [pm_text(m, s, digits, n=int(n)) for m, s, n in zip(table[f"{name}_mean"], table[f"{name}_sd"], seeds)]
+
     return pd.DataFrame({
-        f"fraction of batches > {CONFLICT_DEGREES:g}°": [f"{m:.2f} ± {s:.2f}" for m, s in zip(table["frac_over_90_mean"], table["frac_over_90_sd"])],
-        "median angle (°)": [f"{m:.1f} ± {s:.1f}" for m, s in zip(table["median_angle_mean"], table["median_angle_sd"])],
+        f"fraction of batches > {CONFLICT_DEGREES:g}°": column("frac_over_90", 2),
+        "median angle (°)": column("median_angle", 1),
         "seeds": table["seeds"].to_numpy(), "batches": table["batches"].to_numpy(),
     }, index=table.index)
 

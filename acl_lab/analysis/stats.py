@@ -79,11 +79,12 @@ def mean_sd_text(values: Iterable, digits: int = 4) -> str:
     a = finite(values)
     if not len(a):
         return "-"
-    if len(a) == 1:
-        return f"{float(a[0]):.{digits}f} (n=1)"
-    return pm_text(float(a.mean()), sd(a), digits)
+    return pm_text(float(a.mean()), sd(a), digits, n=len(a))
 
 
-def pm_text(mean: float, spread: float, digits: int = 4) -> str:
-    """``"mean ± spread"`` with ``digits`` decimals."""
+def pm_text(mean: float, spread: float, digits: int = 4, n: int | None = None) -> str:
+    """``"mean ± spread"`` with ``digits`` decimals; ``"mean (n=1)"`` when ``n`` says the mean
+    rests on one value, whose spread is unknown rather than zero."""
+    if n == 1:
+        return f"{mean:.{digits}f} (n=1)"
     return f"{mean:.{digits}f} ± {spread:.{digits}f}"

@@ -363,7 +363,8 @@ def plot_early_exit(sweep_df: pd.DataFrame, metric: str = "accuracy", by: str = 
 
 def plot_sensitivity(df: pd.DataFrame, value: str = "value", x: str = "lam", by: str = "objective",
                      metric: str = "accuracy", panel: str | None = None, title: str | None = None):
-    """Dev ``metric`` against lambda, one line per objective, error bars = sd over seeds.
+    """Dev ``metric`` against lambda, one line per objective, error bars = sd over seeds
+    (none at a point from one seed, which is labelled ``n=1``).
 
     ``df`` holds one row per run and seed with columns ``by``, ``x`` and ``value``;
     with ``panel`` (e.g. ``"temperature"``) there is one panel per value of that column.
@@ -382,8 +383,12 @@ def plot_sensitivity(df: pd.DataFrame, value: str = "value", x: str = "lam", by:
             # nudge the objectives apart a little so equal points and their error bars stay visible
             shift = (i - (len(order) - 1) / 2) * 0.025
             xd = d[x] * (1 + shift) if log else d[x] + shift * (np.ptp(xs) if len(xs) > 1 else 1.0)
-            ax.errorbar(xd, d["mean"], yerr=d["sd"], marker="o", capsize=4, color=color(objective, i),
-                        label=label(objective))
+            # one seed has no spread to show: no error bar there, and the point says n=1
+            ax.errorbar(xd, d["mean"], yerr=d["sd"].where(d["n"] > 1), marker="o", capsize=4,
+                        color=color(objective, i), label=label(objective))
+            for xv, yv in zip(xd[d["n"] == 1], d["mean"][d["n"] == 1]):
+                ax.annotate("n=1", (xv, yv), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                            color=color(objective, i))
         if log:
             ax.set_xscale("log")
             ax.minorticks_off()
