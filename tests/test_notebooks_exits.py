@@ -205,7 +205,7 @@ def test_sensitivity_frame_from_saved_runs():
 
 
 def test_sensitivity_one_seed_cells_show_no_spread():
-    # acl at lambda 0.1 has two seeds (sd 0.02); every other cell has one seed, whose spread is unknown
+    # acl at lambda 0.1 has two seeds (sd 0.014); every other cell has one seed, whose spread is unknown
     long = pd.DataFrame({"objective": ["acl", "acl", "acl", "ce+scl", "ce+scl"], "lam": [0.1, 0.1, 1.0, 0.1, 1.0],
                          "seed": [0, 1, 0, 0, 0], "value": [0.80, 0.78, 0.70, 0.75, 0.60]})
     spread = S.sensitivity_spread(S.sensitivity_summary(long))

@@ -102,7 +102,7 @@ def format_conflict_table(summary: pd.DataFrame, by: Sequence[str] = ("objective
     return pd.DataFrame({
         f"fraction of batches > {CONFLICT_DEGREES:g}°": column("frac_over_90", 2),
         "median angle (°)": column("median_angle", 1),
-        "seeds": table["seeds"].to_numpy(), "batches": table["batches"].to_numpy(),
+        "seeds": seeds, "batches": table["batches"].to_numpy(),
     }, index=table.index)
 
 

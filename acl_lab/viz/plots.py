@@ -384,9 +384,10 @@ def plot_sensitivity(df: pd.DataFrame, value: str = "value", x: str = "lam", by:
             shift = (i - (len(order) - 1) / 2) * 0.025
             xd = d[x] * (1 + shift) if log else d[x] + shift * (np.ptp(xs) if len(xs) > 1 else 1.0)
             # one seed has no spread to show: no error bar there, and the point says n=1
-            ax.errorbar(xd, d["mean"], yerr=d["sd"].where(d["n"] > 1), marker="o", capsize=4,
+            one_seed = d["n"] == 1
+            ax.errorbar(xd, d["mean"], yerr=d["sd"].mask(one_seed), marker="o", capsize=4,
                         color=color(objective, i), label=label(objective))
-            for xv, yv in zip(xd[d["n"] == 1], d["mean"][d["n"] == 1]):
+            for xv, yv in zip(xd[one_seed], d["mean"][one_seed]):
                 ax.annotate("n=1", (xv, yv), textcoords="offset points", xytext=(4, 4), fontsize=7,
                             color=color(objective, i))
         if log:
