@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import random
+import signal
 from pathlib import Path
 
 import pytest
 
 from acl_lab.config import TrainConfig
+
+# A suite started in the background of a non-interactive shell (`nohup ... &`) inherits SIGINT as
+# ignored, and so would every subprocess it starts: the Ctrl-C and shutdown tests would then test
+# nothing. Give the suite Python's usual handler, so its subprocesses start with the default again.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 POS = "good great fine superb lovely brilliant wonderful".split()
 NEG = "bad awful poor dreadful boring terrible dull".split()
