@@ -18,8 +18,10 @@ This module knows only tensors and the process group.
 """
 from __future__ import annotations
 
+import gc
 import os
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -175,17 +177,28 @@ def barrier() -> None:
 
 
 def shutdown() -> None:
-    """Leave the process group together and close it (no-op without one): a barrier, then ``destroy_process_group``.
+    """Leave the process group together and close it (no-op without one): a barrier, ``destroy_process_group``,
+    then a garbage collection that frees the group object itself.
 
-    A process that simply exits while another rank still holds the group can make gloo abort that rank at exit
-    ("terminate called without an active exception", exit code -6), failing a launch whose work is done: measured
-    in 1 of 10 torchrun launches ending on a barrier alone beside two trainers, in 0 of 8 with this (tests/hf_ddp_worker.py).
+    ``destroy_process_group`` only drops c10d's own references. The trainers' DDP wrappers and reducers (and the
+    Hugging Face Trainer's reference cycles) still hold the gloo group, so without the collection it would be
+    destroyed during interpreter finalization, where tearing down gloo's worker threads can abort the process
+    ("terminate called without an active exception", exit code -6) after its work is done: seen in CI on
+    tests/test_hf.py's torchrun test (pytorch/pytorch#179291 describes the same crash). Measured with a weak
+    reference in tests/hf_ddp_worker.py: alive after ``destroy_process_group``, freed by ``gc.collect()``. A group
+    that something live still holds gets a warning naming the risk.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
     if dist.get_world_size() > 1:
         dist.barrier()
+    group = weakref.ref(dist.group.WORLD)
     dist.destroy_process_group()
+    gc.collect()
+    if group() is not None:
+        warnings.warn("torch.distributed: the process group is still referenced after destroy_process_group, so "
+                      "gloo closes it at interpreter exit, where it can abort the process. Fix: drop references "
+                      "to trainers and DDP-wrapped models before acl_lab.distributed.shutdown().", RuntimeWarning)
 
 
 def broadcast_object(obj: Any) -> Any:

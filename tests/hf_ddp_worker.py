@@ -62,6 +62,9 @@ if __name__ == "__main__":
     out_dir, batch = Path(sys.argv[1]), int(sys.argv[2])
     for run_name in RUNS:
         run(run_name, out_dir, batch)
-    # Leave together: without it, rank 1 exits while rank 0 still saves, and gloo's threads can abort rank 0 at
-    # exit ("terminate called without an active exception", exit -6): 2 of 8 launches beside two trainers.
+        print(f"[hf_ddp_worker] rank {os.environ.get('RANK', '0')}: {run_name} done", file=sys.stderr, flush=True)
+    # Leave together and free the group while the interpreter is whole (acl_lab.distributed.shutdown): without it
+    # gloo's threads can abort a rank at exit ("terminate called without an active exception", exit -6). The
+    # progress lines say, when a launch fails, how far each rank got.
     shutdown()
+    print(f"[hf_ddp_worker] rank {os.environ.get('RANK', '0')}: left the process group", file=sys.stderr, flush=True)

@@ -265,3 +265,39 @@ def test_gate_with_an_identity_reduce_equals_the_gate_without(scope):
     assert calls, "the reduce function was not called"
     assert (rec0.cos, rec0.kept) == (rec1.cos, rec1.kept)
     assert all(torch.allclose(a, b, rtol=0, atol=1e-7) for a, b in zip(g0, g1))
+
+
+def test_shutdown_frees_the_process_group_and_warns_when_something_still_holds_it(tmp_path):
+    """shutdown() must leave no live gloo group for interpreter finalization (where gloo can abort the process):
+    a group held only by a reference cycle (as a Trainer's DDP wrapper holds it) is freed, a live one warns."""
+    import gc
+    import warnings
+    import weakref
+
+    import torch.distributed as dist
+
+    from acl_lab.distributed import shutdown
+
+    def start(name):
+        dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / name), 1), rank=0, world_size=1)
+
+    class Holder:  # a reference cycle, freed only by the garbage collector
+        def __init__(self):
+            self.group, self.me = dist.group.WORLD, self
+
+    gc.disable()
+    try:
+        start("cycle")
+        group = weakref.ref(dist.group.WORLD)
+        Holder()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            shutdown()
+        assert not dist.is_initialized() and group() is None
+    finally:
+        gc.enable()
+    start("live")
+    live = dist.group.WORLD
+    with pytest.warns(RuntimeWarning, match="still referenced after destroy_process_group"):
+        shutdown()
+    assert not dist.is_initialized() and live is not None
