@@ -60,11 +60,12 @@ def run(name: str, out: Path, global_batch: int) -> dict:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     out_dir, batch = Path(sys.argv[1]), int(sys.argv[2])
+    me = os.environ.get("RANK", "0")  # read once: after shutdown() the process group can no longer say
     for run_name in RUNS:
         run(run_name, out_dir, batch)
-        print(f"[hf_ddp_worker] rank {os.environ.get('RANK', '0')}: {run_name} done", file=sys.stderr, flush=True)
+        print(f"[hf_ddp_worker] rank {me}: {run_name} done", file=sys.stderr, flush=True)
     # Leave together and free the group while the interpreter is whole (acl_lab.distributed.shutdown): without it
     # gloo's threads can abort a rank at exit ("terminate called without an active exception", exit -6). The
     # progress lines say, when a launch fails, how far each rank got.
     shutdown()
-    print(f"[hf_ddp_worker] rank {os.environ.get('RANK', '0')}: left the process group", file=sys.stderr, flush=True)
+    print(f"[hf_ddp_worker] rank {me}: left the process group", file=sys.stderr, flush=True)

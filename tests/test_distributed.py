@@ -274,30 +274,28 @@ def test_shutdown_frees_the_process_group_and_warns_when_something_still_holds_i
     import warnings
     import weakref
 
-    import torch.distributed as dist
-
-    from acl_lab.distributed import shutdown
+    import torch.distributed as tdist
 
     def start(name):
-        dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / name), 1), rank=0, world_size=1)
+        tdist.init_process_group("gloo", store=tdist.FileStore(str(tmp_path / name), 1), rank=0, world_size=1)
 
     class Holder:  # a reference cycle, freed only by the garbage collector
         def __init__(self):
-            self.group, self.me = dist.group.WORLD, self
+            self.group, self.me = tdist.group.WORLD, self
 
     gc.disable()
     try:
         start("cycle")
-        group = weakref.ref(dist.group.WORLD)
+        group = weakref.ref(tdist.group.WORLD)
         Holder()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            shutdown()
-        assert not dist.is_initialized() and group() is None
+            dist.shutdown()
+        assert not tdist.is_initialized() and group() is None
     finally:
         gc.enable()
     start("live")
-    live = dist.group.WORLD
+    live = tdist.group.WORLD
     with pytest.warns(RuntimeWarning, match="still referenced after destroy_process_group"):
-        shutdown()
-    assert not dist.is_initialized() and live is not None
+        dist.shutdown()
+    assert not tdist.is_initialized() and live is not None
